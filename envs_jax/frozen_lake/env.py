@@ -1,0 +1,176 @@
+"""FrozenLake as RAGEN plays it: gymnasium's slippery rules on a new random map every reset."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jumanji import specs
+from jumanji.types import StepType, TimeStep
+
+from envs_jax.base import TextEnv
+from envs_jax.frozen_lake.generator import RandomMapGenerator
+from envs_jax.frozen_lake.types import (
+    ACTION_NAMES,
+    FROZEN,
+    GOAL,
+    HOLE,
+    MOVES,
+    PLAYER,
+    PLAYER_IN_HOLE,
+    PLAYER_ON_GOAL,
+    SYMBOL_STRINGS,
+    Observation,
+    State,
+    symbol_grid,
+)
+
+INSTRUCTIONS = (
+    "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. "
+    "You may move to the unintended direction due to the slippery ice.\n"
+    "The meaning of each symbol in the state is:\n"
+    "P: player, _: frozen, O: hole, G: goal, X: player in hole, √: player on goal\n"
+    "Your available actions are:\n" + ", ".join(ACTION_NAMES)
+)
+
+# Tile under each symbol, for parsing text maps (the player symbols say what they stand on).
+_TILE_OF_SYMBOL = {"P": FROZEN, "_": FROZEN, "O": HOLE, "G": GOAL, "X": HOLE, "√": GOAL}
+_PLAYER_SYMBOLS = {SYMBOL_STRINGS[i] for i in (PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL)}
+
+
+class FrozenLake(TextEnv[State, Observation]):
+    """Reach the goal on slippery ice without falling into a hole.
+
+    - Map: `size` x `size`, each tile frozen with probability `p`, start and goal on distinct
+      random cells, a start-to-goal path guaranteed; a new map at every reset.
+    - Actions (gymnasium's ids): 0 Left, 1 Down, 2 Right, 3 Up. With `slippery` the player moves
+      in the intended direction or either perpendicular one, 1/3 each (gymnasium FrozenLake-v1,
+      is_slippery=True); moving off the grid leaves the player in place.
+    - Reward 1 on reaching the goal, else 0. Terminates in a hole or at the goal (stepping a
+      finished episode leaves it unchanged with reward 0, as gymnasium); truncates after
+      `max_steps` steps. extras: `success` (player on the goal), `action_is_effective` (moved).
+    """
+
+    action_names = ACTION_NAMES
+    symbol_strings = SYMBOL_STRINGS
+    instructions = INSTRUCTIONS
+
+    def __init__(
+        self,
+        size: int = 4,
+        p: float = 0.8,
+        slippery: bool = True,
+        max_steps: int = 100,
+        max_map_tries: int = 64,
+    ) -> None:
+        """size >= 2; 0 < p <= 1 (probability a tile is frozen); max_steps >= 1 (gymnasium's
+        FrozenLake-v1 limit for 4x4 is 100; the original caps actions at 10 on the agent side);
+        max_map_tries >= 1 redraws before a corridor is thawed instead."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+            raise ValueError(f"size must be an int >= 2; got {size!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+            raise ValueError(f"p (probability a tile is frozen) must be in (0, 1]; got {p!r}")
+        if not isinstance(slippery, bool):
+            raise ValueError(f"slippery must be a bool; got {slippery!r}")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be an int >= 1; got {max_steps!r}")
+        if isinstance(max_map_tries, bool) or not isinstance(max_map_tries, int) or max_map_tries < 1:
+            raise ValueError(f"max_map_tries must be an int >= 1; got {max_map_tries!r}")
+        self.size = size
+        self.p = float(p)
+        self.slippery = slippery
+        self.max_steps = max_steps
+        self.generator = RandomMapGenerator(size, self.p, max_map_tries)
+        super().__init__()
+
+    def _describe(self) -> str:
+        return f"size={self.size}, p={self.p}, slippery={self.slippery}, max_steps={self.max_steps}"
+
+    def reset(self, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
+        """A new random map with the player on its start. key: PRNG key."""
+        return self._restart(self.generator(key))
+
+    def step(self, state: State, action: chex.Array) -> tuple[State, TimeStep[Observation]]:
+        """One move. action: [] int32 in 0..3 (Left, Down, Right, Up)."""
+        step_key, next_key = jax.random.split(state.key)
+        slip = jax.random.randint(step_key, (), -1, 2) if self.slippery else 0
+        direction = (jnp.asarray(action, jnp.int32) + slip) % 4
+        moved = jnp.clip(state.player + jnp.asarray(MOVES, jnp.int32)[direction], 0, self.size - 1)
+        finished = state.tiles[state.player[0], state.player[1]] != FROZEN
+        player = jnp.where(finished, state.player, moved)
+        tile = state.tiles[player[0], player[1]]
+
+        reward = jnp.where(~finished & (tile == GOAL), 1.0, 0.0).astype(jnp.float32)
+        step_count = state.step_count + 1
+        terminated = tile != FROZEN
+        done = terminated | (step_count >= self.max_steps)
+        next_state = state.replace(player=player, step_count=step_count, key=next_key)
+        timestep = TimeStep(
+            step_type=jnp.where(done, StepType.LAST, StepType.MID),
+            reward=reward,
+            discount=jnp.where(terminated, 0.0, 1.0).astype(jnp.float32),
+            observation=self._observe(next_state),
+            extras={
+                "success": tile == GOAL,
+                "action_is_effective": jnp.any(player != state.player),
+            },
+        )
+        return next_state, timestep
+
+    def render_symbols(self, state: State) -> chex.Array:
+        """[S, S] int32 ids into `symbol_strings`."""
+        return symbol_grid(state.tiles, state.player)
+
+    def reset_from_text(self, text: str, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
+        """A state from a `render_text` grid: size rows of size symbols, one goal, one player.
+
+        The player's cell becomes the start. key seeds the slippery transitions.
+        """
+        rows = text.strip("\n").split("\n")
+        if len(rows) != self.size or any(len(row) != self.size for row in rows):
+            shape = [len(row) for row in rows]
+            raise ValueError(
+                f"expected {self.size} rows of {self.size} symbols; got {len(rows)} rows of lengths {shape}"
+            )
+        bad = sorted({c for row in rows for c in row} - set(_TILE_OF_SYMBOL))
+        if bad:
+            raise ValueError(f"unknown symbols {bad}; valid symbols are {list(SYMBOL_STRINGS)}")
+        players = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in _PLAYER_SYMBOLS]
+        goals = sum(_TILE_OF_SYMBOL[ch] == GOAL for row in rows for ch in row)
+        if len(players) != 1 or goals != 1:
+            raise ValueError(
+                f"a map needs exactly one player (P, X or √) and one goal (G or √); "
+                f"got {len(players)} players and {goals} goals in\n{text}"
+            )
+        tiles = np.array([[_TILE_OF_SYMBOL[ch] for ch in row] for row in rows], np.int32)
+        start = jnp.asarray(players[0], jnp.int32)
+        return self._restart(
+            State(tiles=jnp.asarray(tiles), start=start, player=start, step_count=jnp.int32(0), key=key)
+        )
+
+    def _restart(self, state: State) -> tuple[State, TimeStep[Observation]]:
+        timestep = TimeStep(
+            step_type=StepType.FIRST,
+            reward=jnp.float32(0.0),
+            discount=jnp.float32(1.0),
+            observation=self._observe(state),
+            extras={"success": jnp.bool_(False), "action_is_effective": jnp.bool_(False)},
+        )
+        return state, timestep
+
+    def _observe(self, state: State) -> Observation:
+        return Observation(grid=self.render_symbols(state), step_count=state.step_count)
+
+    @cached_property
+    def observation_spec(self) -> specs.Spec[Observation]:
+        return specs.Spec(
+            Observation,
+            "ObservationSpec",
+            grid=specs.BoundedArray(
+                (self.size, self.size), jnp.int32, 0, len(SYMBOL_STRINGS) - 1, "grid"
+            ),
+            step_count=specs.BoundedArray((), jnp.int32, 0, self.max_steps, "step_count"),
+        )
