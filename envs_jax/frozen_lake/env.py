@@ -69,16 +69,14 @@ class FrozenLake(TextEnv[State, Observation]):
         """size >= 2; 0 < p <= 1 (probability a tile is frozen); max_steps >= 1 (gymnasium's
         FrozenLake-v1 limit for 4x4 is 100; the original caps actions at 10 on the agent side);
         max_map_tries >= 1 redraws before a corridor is thawed instead."""
-        if isinstance(size, bool) or not isinstance(size, int) or size < 2:
-            raise ValueError(f"size must be an int >= 2; got {size!r}")
+        ints = (("size", size, 2), ("max_steps", max_steps, 1), ("max_map_tries", max_map_tries, 1))
+        for label, value, least in ints:
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{label} must be an int >= {least}; got {value!r}")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise ValueError(f"p (probability a tile is frozen) must be in (0, 1]; got {p!r}")
         if not isinstance(slippery, bool):
             raise ValueError(f"slippery must be a bool; got {slippery!r}")
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-            raise ValueError(f"max_steps must be an int >= 1; got {max_steps!r}")
-        if isinstance(max_map_tries, bool) or not isinstance(max_map_tries, int) or max_map_tries < 1:
-            raise ValueError(f"max_map_tries must be an int >= 1; got {max_map_tries!r}")
         self.size = size
         self.p = float(p)
         self.slippery = slippery
@@ -133,13 +131,15 @@ class FrozenLake(TextEnv[State, Observation]):
         if len(rows) != self.size or any(len(row) != self.size for row in rows):
             shape = [len(row) for row in rows]
             raise ValueError(
-                f"expected {self.size} rows of {self.size} symbols; got {len(rows)} rows of lengths {shape}"
+                f"expected {self.size} rows of {self.size} symbols; "
+                f"got {len(rows)} rows of lengths {shape}"
             )
         bad = sorted({c for row in rows for c in row} - set(_TILE_OF_SYMBOL))
         if bad:
             raise ValueError(f"unknown symbols {bad}; valid symbols are {list(SYMBOL_STRINGS)}")
-        players = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in _PLAYER_SYMBOLS]
-        goals = sum(_TILE_OF_SYMBOL[ch] == GOAL for row in rows for ch in row)
+        cells = [(r, c, ch) for r, row in enumerate(rows) for c, ch in enumerate(row)]
+        players = [(r, c) for r, c, ch in cells if ch in _PLAYER_SYMBOLS]
+        goals = sum(_TILE_OF_SYMBOL[ch] == GOAL for _, _, ch in cells)
         if len(players) != 1 or goals != 1:
             raise ValueError(
                 f"a map needs exactly one player (P, X or √) and one goal (G or √); "
@@ -147,9 +147,10 @@ class FrozenLake(TextEnv[State, Observation]):
             )
         tiles = np.array([[_TILE_OF_SYMBOL[ch] for ch in row] for row in rows], np.int32)
         start = jnp.asarray(players[0], jnp.int32)
-        return self._restart(
-            State(tiles=jnp.asarray(tiles), start=start, player=start, step_count=jnp.int32(0), key=key)
+        state = State(
+            tiles=jnp.asarray(tiles), start=start, player=start, step_count=jnp.int32(0), key=key
         )
+        return self._restart(state)
 
     def _restart(self, state: State) -> tuple[State, TimeStep[Observation]]:
         timestep = TimeStep(

@@ -40,7 +40,7 @@ class State:
 
 
 class Observation(NamedTuple):
-    """What the agent sees: the symbol grid ([S, S] int32 ids into SYMBOL_STRINGS) and the step count."""
+    """What the agent sees: the symbol grid ([S, S] int32 ids into SYMBOL_STRINGS), step count."""
 
     grid: chex.Array
     step_count: chex.Array
