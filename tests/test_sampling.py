@@ -1,0 +1,270 @@
+"""generate(): sampling math against numpy, KV-cache decoding against full forwards, stops."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from starpo_jax.models.config import ModelConfig
+from starpo_jax.models.decoder import Decoder
+from starpo_jax.sampling import (
+    SamplingOptions,
+    StopReason,
+    advance_stop_tail,
+    generate,
+    sample_tokens,
+    stop_tail_width,
+    token_logprob,
+    truncated_logits,
+)
+from starpo_jax.text.token_bytes import TokenBytes
+
+VOCAB = 48
+# Big init so that a random model's greedy/sampled text varies instead of repeating one token.
+CONFIG = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8, initializer_range=0.4)
+# A synthetic tokenizer: token i stands for PIECES[i]; a few pieces hold a whole stop string.
+PIECES = [c for c in "ab</>\n ns"] + ["</", "an", "sw", "er>", "ab<", "/answer", ">\n", "</answer>\nx"]
+PIECES += [f"{c}{d}" for c in "ab<" for d in "xyz/"] + ["é", "🙂", "w", "e", "r", "<a"]
+PIECES = (PIECES + ["q"] * VOCAB)[:VOCAB]
+
+
+def _table(pieces: list[str]) -> TokenBytes:
+    encoded = [p.encode() for p in pieces]
+    table = np.zeros((len(encoded), max(map(len, encoded))), np.uint8)
+    for i, e in enumerate(encoded):
+        table[i, : len(e)] = np.frombuffer(e, np.uint8)
+    return TokenBytes(bytes=table, lengths=np.array([len(e) for e in encoded], np.int32))
+
+
+TABLE = _table(PIECES)
+
+
+@pytest.fixture(scope="module")
+def model() -> Decoder:
+    return Decoder(CONFIG, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def prompts() -> tuple[np.ndarray, np.ndarray]:
+    ids = np.random.default_rng(0).integers(0, VOCAB, (3, 6)).astype(np.int32)
+    return ids, np.array([6, 2, 4], np.int32)
+
+
+# ---------------------------------------------------------------- sampling math vs numpy
+
+
+def _np_support(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Reference: the boolean support of HF-style temperature -> top-k -> top-p, one row."""
+    x = logits / temperature
+    keep = np.ones_like(x, bool)
+    if top_k:
+        keep &= x >= np.sort(x)[::-1][min(top_k, len(x)) - 1]
+    if top_p < 1:
+        order = np.argsort(-x)
+        order = order[keep[order]]
+        p = np.exp(x[order] - x[order].max())
+        p /= p.sum()
+        before = np.cumsum(p) - p
+        keep = np.zeros_like(keep)
+        keep[order[before < top_p]] = True
+    return keep
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [
+    (1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.9), (1.3, 0, 0.5), (1.0, 8, 0.8), (0.5, 1, 1.0),
+    (1.0, 100, 0.3), (2.0, 0, 0.999),
+])
+def test_truncated_logits_match_numpy(temperature, top_k, top_p):
+    logits = np.random.default_rng(1).normal(size=(4, 40)).astype(np.float32) * 3
+    out = np.asarray(truncated_logits(jnp.asarray(logits), temperature=temperature, top_k=top_k,
+                                      top_p=top_p))
+    for row, got in zip(logits, out):
+        keep = _np_support(row, temperature, top_k, top_p)
+        np.testing.assert_array_equal(np.isfinite(got), keep)
+        np.testing.assert_allclose(got[keep], row[keep] / temperature, rtol=1e-6)
+        if top_p < 1:  # the kept mass reaches top_p, and would not without its least token
+            p = np.exp(row / temperature - (row / temperature).max())
+            p = p / p.sum()
+            if top_k:
+                p = np.where(_np_support(row, temperature, top_k, 1.0), p, 0) / p[
+                    _np_support(row, temperature, top_k, 1.0)].sum()
+            assert p[keep].sum() >= top_p - 1e-6
+            assert p[keep].sum() - p[keep].min() < top_p
+
+
+def test_sampling_frequencies_follow_the_truncated_softmax():
+    logits = jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05]))
+    batch = jnp.tile(logits, (20000, 1))
+    options = SamplingOptions(max_new_tokens=1, top_p=0.8)  # keeps {0, 1}: 0.5 < 0.8 <= 0.8
+    counts = np.bincount(np.asarray(sample_tokens(jax.random.key(3), batch, options)), minlength=4)
+    np.testing.assert_allclose(counts / counts.sum(), [0.625, 0.375, 0, 0], atol=0.015)
+
+
+def test_low_temperature_is_greedy_and_logprobs_match_numpy():
+    logits = jax.random.normal(jax.random.key(0), (16, 30)) * 2
+    cold = SamplingOptions(max_new_tokens=1, temperature=1e-4)
+    greedy = SamplingOptions(max_new_tokens=1, greedy=True)
+    argmax = np.argmax(np.asarray(logits), -1)
+    np.testing.assert_array_equal(sample_tokens(jax.random.key(1), logits, cold), argmax)
+    np.testing.assert_array_equal(sample_tokens(jax.random.key(1), logits, greedy), argmax)
+    x = np.asarray(logits, np.float64) / 0.7
+    ref = x[np.arange(16), argmax] - np.log(np.exp(x).sum(-1))
+    np.testing.assert_allclose(token_logprob(logits, jnp.asarray(argmax), 0.7), ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(temperature=0.0), "greedy=True"), (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"),
+    (dict(max_new_tokens=0), "max_new_tokens"), (dict(stop=("",)), "stop"),
+    (dict(stop="</answer>"), "tuple"),
+])
+def test_bad_options_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingOptions(**{"max_new_tokens": 4, **kwargs})
+
+
+# ---------------------------------------------------------------- stop strings on bytes
+
+
+def _first_stop(pieces: list[bytes], stops: tuple[str, ...]) -> int | None:
+    """Reference: index of the first token after which the generated text contains a stop."""
+    text = b""
+    for i, piece in enumerate(pieces):
+        text += piece
+        if any(s.encode() in text for s in stops):
+            return i
+    return None
+
+
+@pytest.mark.parametrize("stops", [("</answer>",), ("</answer>", "ab"), ("\n",), ("🙂x", "é")])
+def test_stop_tail_matches_python_substring_search(stops):
+    rng = np.random.default_rng(len(stops))
+    sequences = rng.integers(0, VOCAB, (64, 12)).astype(np.int32)
+    # Plant stop strings split over tokens and inside one token in some rows.
+    sequences[0, 3:7] = [PIECES.index(p) for p in ("</", "an", "sw", "er>")]
+    sequences[1, 5] = PIECES.index("</answer>\nx")
+    tail = jnp.full((64, stop_tail_width(stops)), -1, jnp.int32)
+    stopped = np.full(64, -1)
+    table = (jnp.asarray(TABLE.bytes), jnp.asarray(TABLE.lengths))
+    for i in range(12):
+        hit, tail = advance_stop_tail(tail, jnp.asarray(sequences[:, i]), *table, stops)
+        stopped = np.where((stopped < 0) & np.asarray(hit), i, stopped)
+    for row, got in zip(sequences, stopped):
+        want = _first_stop([PIECES[t].encode() for t in row], stops)
+        assert got == (-1 if want is None else want), [PIECES[t] for t in row]
+
+
+# ---------------------------------------------------------------- generate with the model
+
+
+REF_LEN = 24  # full forwards run on one padded length, so they compile once
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _full_logits(params: nnx.State, graphdef: nnx.GraphDef, ids: jax.Array) -> jax.Array:
+    return nnx.merge(graphdef, params)(ids)
+
+
+def _forward(model: Decoder, seq: list[int]) -> np.ndarray:
+    """Logits [len(seq), V] of one cache-free forward (right padding cannot leak back: causal)."""
+    graphdef, params = nnx.split(model)
+    padded = np.zeros((1, REF_LEN), np.int32)
+    padded[0, : len(seq)] = seq
+    return np.asarray(_full_logits(params, graphdef, jnp.asarray(padded))[0, : len(seq)], np.float64)
+
+
+def _reference_greedy(model: Decoder, prompt: list[int], n: int) -> list[int]:
+    """Argmax decoding by repeated full forwards without a cache."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(np.argmax(_forward(model, seq)[-1])))
+    return seq[len(prompt):]
+
+
+def test_greedy_with_cache_equals_full_forwards_on_ragged_prompts(model, prompts):
+    ids, lengths = prompts
+    out = generate(model, ids, lengths, jax.random.key(0), max_new_tokens=6, greedy=True)
+    for b in range(3):
+        assert out.tokens[b].tolist() == _reference_greedy(model, ids[b, : lengths[b]].tolist(), 6)
+    np.testing.assert_array_equal(out.lengths, 6)
+    np.testing.assert_array_equal(out.stop_reason, StopReason.BUDGET)
+    np.testing.assert_array_equal(out.cache.end, lengths + 6)
+
+
+def test_logprobs_are_those_of_a_full_forward(model, prompts):
+    ids, lengths = prompts
+    out = generate(model, ids, lengths, jax.random.key(5), max_new_tokens=5, temperature=0.8)
+    for b in range(3):
+        seq = np.concatenate([ids[b, : lengths[b]], np.asarray(out.tokens[b])])
+        logits = _forward(model, seq.tolist())[lengths[b] - 1: -1]
+        for temperature, got in ((1.0, out.policy_logprobs), (0.8, out.logprobs)):
+            x = logits / temperature
+            ref = x[np.arange(5), seq[lengths[b]:]] - np.log(np.exp(x).sum(-1))
+            np.testing.assert_allclose(got[b], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_continuing_a_cache_equals_the_concatenated_prompt(model, prompts):
+    ids, lengths = prompts
+    first = generate(model, ids, lengths, jax.random.key(1), max_new_tokens=3, max_len=24)
+    chunk = np.random.default_rng(2).integers(0, VOCAB, (3, 4)).astype(np.int32)
+    chunk_lengths = np.array([1, 4, 3], np.int32)
+    cont = generate(model, chunk, chunk_lengths, jax.random.key(7), max_new_tokens=5, greedy=True,
+                    cache=first.cache)
+    for b in range(3):
+        whole = (ids[b, : lengths[b]].tolist() + first.tokens[b].tolist()
+                 + chunk[b, : chunk_lengths[b]].tolist())
+        assert cont.tokens[b].tolist() == _reference_greedy(model, whole, 5)
+    np.testing.assert_array_equal(cont.cache.end, lengths + 3 + chunk_lengths + 5)
+
+
+def test_same_key_same_tokens_other_key_other_tokens(model, prompts):
+    ids, lengths = prompts
+    run = lambda seed: generate(model, ids, lengths, jax.random.key(seed), max_new_tokens=8).tokens  # noqa: E731
+    np.testing.assert_array_equal(run(11), run(11))
+    assert not np.array_equal(run(11), run(12))
+
+
+def test_stops_on_strings_eos_and_budget(model, prompts):
+    """Stopping keeps the sampled prefix: same key, same draws until the stop."""
+    ids, lengths = prompts
+    key = jax.random.key(4)
+    free = np.asarray(generate(model, ids, lengths, key, max_new_tokens=12).tokens)
+    # A stop string that the free run contains, across a token boundary in row 0.
+    text0 = [PIECES[t].encode() for t in free[0]]
+    stop = ((text0[2] + text0[3]).decode(errors="ignore")[-2:] or "q",)
+    eos = (int(free[1, 4]),)
+    out = generate(model, ids, lengths, key, max_new_tokens=12, stop=stop, eos_ids=eos,
+                   token_bytes=TABLE, pad_id=-1)
+    for b in range(3):
+        pieces = [PIECES[t].encode() for t in free[b]]
+        at_stop = _first_stop(pieces, stop)
+        at_eos = next((i for i, t in enumerate(free[b]) if t == eos[0]), None)
+        end = min(i for i in (at_stop, at_eos, 11) if i is not None)
+        reason = (StopReason.EOS if end == at_eos else StopReason.STOP_STRING if end == at_stop
+                  else StopReason.BUDGET)
+        assert int(out.lengths[b]) == end + 1
+        assert int(out.stop_reason[b]) == reason
+        np.testing.assert_array_equal(out.tokens[b, : end + 1], free[b, : end + 1])
+        assert np.all(np.asarray(out.tokens[b, end + 1:]) == -1)
+        assert np.all(np.asarray(out.logprobs[b, end + 1:]) == 0)
+    assert int(out.stop_reason[0]) in (StopReason.STOP_STRING, StopReason.EOS)
+    assert int(out.stop_reason[1]) == StopReason.EOS or int(out.lengths[1]) <= 5
+    np.testing.assert_array_equal(out.cache.end, lengths + np.asarray(out.lengths))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(prompt_lengths=np.array([0, 2, 4])), "prompt_lengths"),
+    (dict(max_len=8), "slots"),
+    (dict(stop=("x",), token_bytes=_table(PIECES[:10])), "vocab_size"),
+])
+def test_bad_inputs_are_named(model, prompts, kwargs, message):
+    ids, lengths = prompts
+    args = {"prompt_lengths": lengths, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        generate(model, ids, args.pop("prompt_lengths"), jax.random.key(0), max_new_tokens=4,
+                 **args)
