@@ -1,0 +1,45 @@
+"""KVCache: preallocated per-layer keys and values with a per-row write pointer.
+
+A call of the decoder with a cache writes the T new tokens of row b into slots
+end[b] .. end[b]+T-1, lets each new token attend to slots < end[b] plus the new tokens causally,
+and returns the cache with end += the number of real new tokens (attention_mask.sum(-1)). Real
+tokens of a block must be a prefix of it (right padding), so padded slots are overwritten by the
+next call. Writes past the last slot are dropped (the caller sizes `max_len`).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from starpo_jax.models.config import ModelConfig
+
+
+@flax.struct.dataclass
+class KVCache:
+    """k, v: [num_layers, B, S, num_kv_heads, head_dim]; end: [B] int32 filled-slot count."""
+
+    k: jax.Array
+    v: jax.Array
+    end: jax.Array
+
+    @classmethod
+    def init(cls, config: ModelConfig, batch_size: int, max_len: int,
+             dtype: jnp.dtype | str | None = None) -> KVCache:
+        """An empty cache of `max_len` slots per row, in `dtype` (default: the compute dtype)."""
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"KVCache.init: {name} must be a positive int; got {value!r}")
+        shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+        dtype = jnp.dtype(dtype or config.dtype)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   end=jnp.zeros((batch_size,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]

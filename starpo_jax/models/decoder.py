@@ -1,0 +1,119 @@
+"""Decoder: the Qwen2 / Llama causal language model (and optional scalar value head) in Flax NNX.
+
+Pass parameters into compiled code rather than closing over them:
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, input_ids, attention_mask):
+        return nnx.merge(graphdef, state)(input_ids, attention_mask=attention_mask)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from starpo_jax.models.cache import KVCache
+from starpo_jax.models.config import ModelConfig
+from starpo_jax.models.layers import LayerStack, logical_param, rms_norm, rope_tables
+
+
+def _check_inputs(input_ids: jax.Array, positions: jax.Array | None,
+                  attention_mask: jax.Array | None, cache: KVCache | None) -> None:
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [B, T]; got shape {input_ids.shape}")
+    for name, x in (("positions", positions), ("attention_mask", attention_mask)):
+        if x is not None and x.shape != input_ids.shape:
+            raise ValueError(f"{name} must have the shape of input_ids {input_ids.shape}; "
+                             f"got {x.shape}")
+    if cache is not None and cache.batch_size != input_ids.shape[0]:
+        raise ValueError(f"cache batch size {cache.batch_size} != input_ids batch size "
+                         f"{input_ids.shape[0]}")
+
+
+class Decoder(nnx.Module):
+    """Token ids -> next-token logits (and values when built with `value_head=True`).
+
+    Inputs everywhere: input_ids [B, T] int32; positions [B, T] int32 (rotary positions);
+    attention_mask [B, T] bool, True for real tokens; cache: a `KVCache` (see cache.py for the
+    write/attend semantics). Without a cache the mask may pad on either side; with a cache the
+    real tokens of each row must be a prefix (right padding).
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, value_head: bool = False):
+        self.config = config
+        std, dtype = config.initializer_range, config.weight_dtype
+        d = config.hidden_size
+        self.embed = logical_param(
+            std * jax.random.normal(rngs.params(), (config.vocab_size, d), dtype), ("vocab", "embed"))
+        self.layers = LayerStack(config, rngs=rngs)
+        self.final_norm = logical_param(jnp.ones((d,), dtype), ("embed",))
+        self.lm_head = None if config.tie_word_embeddings else logical_param(
+            std * jax.random.normal(rngs.params(), (d, config.vocab_size), dtype), ("embed", "vocab"))
+        if value_head:
+            # float32 whatever param_dtype: a single vector, and value targets are fine-grained.
+            self.value_head = logical_param(
+                std * jax.random.normal(rngs.params(), (d,), jnp.float32), ("embed",))
+            self.value_bias = logical_param(jnp.zeros((), jnp.float32), ())
+        else:
+            self.value_head = self.value_bias = None
+
+    def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                      attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                      ) -> jax.Array | tuple[jax.Array, KVCache]:
+        """Final-normed hidden states [B, T, D] (compute dtype), and the new cache when given."""
+        _check_inputs(input_ids, positions, attention_mask, cache)
+        cfg = self.config
+        b, t = input_ids.shape
+        mask = (jnp.ones((b, t), bool) if attention_mask is None
+                else attention_mask.astype(bool))
+        steps = jnp.arange(t, dtype=jnp.int32)
+        if cache is None:
+            if positions is None:
+                positions = jnp.maximum(jnp.cumsum(mask, axis=-1, dtype=jnp.int32) - 1, 0)
+            visible = (steps[None, :, None] >= steps[None, None, :]) & mask[:, None, :]
+            kv = None
+        else:
+            slots = cache.end[:, None] + steps  # [B, T]
+            if positions is None:
+                positions = slots
+            filled = cache.end + mask.sum(-1, dtype=jnp.int32)  # [B]
+            keys = jnp.arange(cache.max_len, dtype=jnp.int32)
+            visible = ((keys[None, None, :] <= slots[:, :, None])
+                       & (keys[None, None, :] < filled[:, None, None]))
+            kv = (cache.k, cache.v, slots)
+
+        h = jnp.take(self.embed[...], input_ids, axis=0).astype(cfg.compute_dtype)
+        cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+        h, new_kv = self.layers(h, cos, sin, visible, kv)
+        h = rms_norm(h, self.final_norm[...], cfg.rms_norm_eps)
+        if cache is None:
+            return h
+        return h, KVCache(k=new_kv[0], v=new_kv[1], end=filled)
+
+    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """LM head: hidden [..., D] -> logits [..., V] float32 (float32 accumulation)."""
+        if self.lm_head is None:
+            w = self.embed[...].astype(hidden.dtype)
+            return jnp.einsum("...d,vd->...v", hidden, w, preferred_element_type=jnp.float32)
+        w = self.lm_head[...].astype(hidden.dtype)
+        return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+    def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                 ) -> jax.Array | tuple[jax.Array, KVCache]:
+        """Logits [B, T, V] float32, or (logits, new_cache) when a cache is given."""
+        out = self.hidden_states(input_ids, positions, attention_mask, cache)
+        if cache is None:
+            return self.logits_from_hidden(out)
+        return self.logits_from_hidden(out[0]), out[1]
+
+    def value(self, input_ids: jax.Array, positions: jax.Array | None = None,
+              attention_mask: jax.Array | None = None) -> jax.Array:
+        """Scalar value per token [B, T] float32 (critic); needs `value_head=True`."""
+        if self.value_head is None:
+            raise ValueError("this Decoder has no value head; build it with value_head=True")
+        h = self.hidden_states(input_ids, positions, attention_mask)
+        return h.astype(jnp.float32) @ self.value_head[...] + self.value_bias[...]

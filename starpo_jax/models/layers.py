@@ -1,0 +1,175 @@
+"""The pieces of one Qwen2 / Llama decoder layer, and the stack of layers run with one scan.
+
+The layer math is written as pure functions of arrays; `LayerStack` holds every weight stacked
+along a leading [num_layers] axis and runs the layers with `jax.lax.scan`, so the compiled
+program holds one copy of the layer whatever the depth. Weights are stored in `[in, out]` layout.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from starpo_jax.models.config import ModelConfig
+
+# Finite stand-in for -inf in attention scores: a query with no visible key (a padding row)
+# then gets a uniform softmax instead of NaNs that would poison gradients through `where`.
+_MASKED = -1e30
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, computed in float32: x [..., D], weight [D] -> [..., D] x.dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (normed * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """Rotary cos and sin for integer positions [B, T] -> two float32 [B, T, head_dim].
+
+    Frequencies are theta^(-2i/head_dim), repeated twice along the last axis (the
+    Hugging Face "rotate_half" layout: the first half of a head pairs with the second half).
+    """
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates x [B, T, heads, head_dim] by cos/sin [B, T, head_dim] (computed in float32)."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention.
+
+    q [B, T, H, hd]; k, v [B, S, KVH, hd] with H a multiple of KVH (query head h reads kv head
+    h // (H // KVH)); visible [B, T, S] bool. Scores and softmax in float32. -> [B, T, H, hd].
+    """
+    b, t, h, hd = q.shape
+    kvh = k.shape[2]
+    q = q.reshape(b, t, kvh, h // kvh, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (hd ** -0.5)
+    scores = jnp.where(visible[:, None, None, :, :], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h, hd).astype(q.dtype)
+
+
+def logical_param(value: jax.Array, axes: tuple[str, ...]) -> nnx.Param:
+    """A Param annotated with logical axis names (`out_sharding`) for the sharding rules.
+
+    Placement is left to the caller's mesh (no eager sharding), so models build without a mesh.
+    """
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.einsum("...i,io->...o", x, w.astype(x.dtype))
+
+
+# Names of the stacked weights, with the logical axis names used for sharding.
+_WEIGHT_AXES = {
+    "attn_norm": ("layers", "embed"),
+    "q_proj": ("layers", "embed", "heads"),
+    "k_proj": ("layers", "embed", "kv_heads"),
+    "v_proj": ("layers", "embed", "kv_heads"),
+    "o_proj": ("layers", "heads", "embed"),
+    "mlp_norm": ("layers", "embed"),
+    "gate_proj": ("layers", "embed", "mlp"),
+    "up_proj": ("layers", "embed", "mlp"),
+    "down_proj": ("layers", "mlp", "embed"),
+}
+_BIAS_AXES = {
+    "q_bias": ("layers", "heads"),
+    "k_bias": ("layers", "kv_heads"),
+    "v_bias": ("layers", "kv_heads"),
+}
+
+
+def layer_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of each stacked weight of `LayerStack` ([num_layers, in, out] for matrices)."""
+    n, d, f = config.num_layers, config.hidden_size, config.intermediate_size
+    qd, kvd = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    shapes = {
+        "attn_norm": (n, d), "q_proj": (n, d, qd), "k_proj": (n, d, kvd), "v_proj": (n, d, kvd),
+        "o_proj": (n, qd, d), "mlp_norm": (n, d), "gate_proj": (n, d, f), "up_proj": (n, d, f),
+        "down_proj": (n, f, d),
+    }
+    if config.attention_bias:
+        shapes.update(q_bias=(n, qd), k_bias=(n, kvd), v_bias=(n, kvd))
+    return shapes
+
+
+class LayerStack(nnx.Module):
+    """All decoder layers, weights stacked along a leading [num_layers] axis."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        dtype = config.weight_dtype
+        for name, shape in layer_weight_shapes(config).items():
+            if name.endswith("_norm"):
+                value = jnp.ones(shape, dtype)
+            elif name.endswith("_bias"):
+                value = jnp.zeros(shape, dtype)
+            else:
+                value = config.initializer_range * jax.random.normal(rngs.params(), shape, dtype)
+            axes = _WEIGHT_AXES.get(name) or _BIAS_AXES[name]
+            setattr(self, name, logical_param(value, axes))
+
+    def __call__(self, h: jax.Array, cos: jax.Array, sin: jax.Array, visible: jax.Array,
+                 kv: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """Runs every layer.
+
+        h [B, T, D]; cos, sin [B, T, head_dim]; visible [B, T, S] bool (S = T without a cache).
+        kv = (k, v, slots) with k, v [num_layers, B, S, KVH, hd] and slots [B, T] int32, the
+        cache slots the new tokens are written to (out-of-range slots are dropped).
+        Returns the new h [B, T, D] and the updated (k, v), or None without a cache.
+        """
+        cfg = self.config
+        weights = {name: getattr(self, name)[...] for name in layer_weight_shapes(cfg)}
+        b, t, _ = h.shape
+        rows = jnp.arange(b)[:, None]
+
+        def project(x: jax.Array, w: dict[str, jax.Array], name: str, heads: int) -> jax.Array:
+            y = _dense(x, w[f"{name}_proj"])
+            if cfg.attention_bias:
+                y = y + w[f"{name}_bias"].astype(y.dtype)
+            return y.reshape(b, t, heads, cfg.head_dim)
+
+        def layer(h: jax.Array, w: dict[str, jax.Array], cache_k: jax.Array | None,
+                  cache_v: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+            x = rms_norm(h, w["attn_norm"], cfg.rms_norm_eps)
+            q = apply_rope(project(x, w, "q", cfg.num_heads), cos, sin)
+            k = apply_rope(project(x, w, "k", cfg.num_kv_heads), cos, sin)
+            v = project(x, w, "v", cfg.num_kv_heads)
+            if cache_k is not None:
+                slots = kv[2]
+                k = cache_k.at[rows, slots].set(k.astype(cache_k.dtype), mode="drop")
+                v = cache_v.at[rows, slots].set(v.astype(cache_v.dtype), mode="drop")
+            attn = attention(q, k.astype(q.dtype), v.astype(q.dtype), visible)
+            h = h + _dense(attn.reshape(b, t, -1), w["o_proj"])
+            x = rms_norm(h, w["mlp_norm"], cfg.rms_norm_eps)
+            mlp = jax.nn.silu(_dense(x, w["gate_proj"])) * _dense(x, w["up_proj"])
+            return h + _dense(mlp, w["down_proj"]), k, v
+
+        if kv is None:
+            def body(h, w):
+                return layer(h, w, None, None)[0], None
+            h, _ = jax.lax.scan(body, h, weights)
+            return h, None
+
+        def cached_body(h, xs):
+            w, cache_k, cache_v = xs
+            h, k, v = layer(h, w, cache_k, cache_v)
+            return h, (k, v)
+        h, (k, v) = jax.lax.scan(cached_body, h, (weights, kv[0], kv[1]))
+        return h, (k, v)

@@ -1,0 +1,232 @@
+"""Decoder, KVCache and ModelConfig: checked against a plain-numpy reference forward pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from starpo_jax.models import Decoder, KVCache, ModelConfig
+
+TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=8, rope_theta=500.0, attention_bias=True,
+                   tie_word_embeddings=False)
+
+
+def _random_model(config: ModelConfig, seed: int = 0, value_head: bool = False) -> Decoder:
+    """A Decoder with every weight random, norms and biases included (fresh ones are 1 / 0).
+
+    Filled from numpy on an abstract model: no initialiser has to be compiled or dispatched.
+    """
+    graphdef, state = nnx.split(nnx.eval_shape(
+        lambda: Decoder(config, rngs=nnx.Rngs(0), value_head=value_head)))
+    rng = np.random.RandomState(seed)
+    state = jax.tree.map(lambda x: jnp.asarray(0.3 * rng.standard_normal(x.shape), x.dtype), state)
+    return nnx.merge(graphdef, state)
+
+
+# Tests call the model through jit: eager dispatch of every op is slow on a busy CPU.
+@nnx.jit
+def _forward(model: Decoder, ids: jax.Array, mask: jax.Array | None = None,
+             positions: jax.Array | None = None) -> jax.Array:
+    return model(ids, positions=positions, attention_mask=mask)
+
+
+@nnx.jit
+def _forward_cached(model: Decoder, ids: jax.Array, mask: jax.Array, cache: KVCache):
+    return model(ids, attention_mask=mask, cache=cache)
+
+
+def _numpy_forward(model: Decoder, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Reference logits [T, V] for one unpadded row, in float64, one head at a time."""
+    cfg = model.config
+    p = {k: np.asarray(v, np.float64) for k, v in nnx.to_pure_dict(nnx.state(model))["layers"].items()}
+    embed = np.asarray(model.embed[...], np.float64)
+
+    def norm(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg.rms_norm_eps) * w
+
+    def rope(x, pos):  # x [T, hd]: pairs (i, i + hd/2) rotate by pos * theta^(-2i/hd)
+        half = cfg.head_dim // 2
+        freq = cfg.rope_theta ** (-np.arange(half) * 2.0 / cfg.head_dim)
+        ang = pos[:, None] * freq
+        a, b = x[:, :half], x[:, half:]
+        return np.concatenate([a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)], -1)
+
+    t, group = len(ids), cfg.num_heads // cfg.num_kv_heads
+    h = embed[ids]
+    for i in range(cfg.num_layers):
+        x = norm(h, p["attn_norm"][i])
+        q = (x @ p["q_proj"][i] + p["q_bias"][i]).reshape(t, cfg.num_heads, cfg.head_dim)
+        k = (x @ p["k_proj"][i] + p["k_bias"][i]).reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        v = (x @ p["v_proj"][i] + p["v_bias"][i]).reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        heads = []
+        for head in range(cfg.num_heads):
+            qh, kh, vh = rope(q[:, head], positions), rope(k[:, head // group], positions), v[:, head // group]
+            s = qh @ kh.T / np.sqrt(cfg.head_dim) + np.triu(np.full((t, t), -np.inf), 1)
+            w = np.exp(s - s.max(-1, keepdims=True))
+            heads.append((w / w.sum(-1, keepdims=True)) @ vh)
+        h = h + np.concatenate(heads, -1) @ p["o_proj"][i]
+        x = norm(h, p["mlp_norm"][i])
+        gate = x @ p["gate_proj"][i]
+        h = h + (gate / (1 + np.exp(-gate)) * (x @ p["up_proj"][i])) @ p["down_proj"][i]
+    h = norm(h, np.asarray(model.final_norm[...], np.float64))
+    return h @ np.asarray(model.lm_head[...], np.float64)
+
+
+@pytest.fixture(scope="module")
+def model() -> Decoder:
+    return _random_model(TINY)
+
+
+def test_forward_matches_numpy_reference_on_ragged_batch(model):
+    # Row 0 full, row 1 right-padded, row 2 left-padded: real positions must equal the unpadded row.
+    rng = np.random.RandomState(0)
+    ids = rng.randint(0, TINY.vocab_size, (3, 9))
+    mask = np.ones((3, 9), bool)
+    mask[1, 6:] = False
+    mask[2, :3] = False
+    logits = np.asarray(_forward(model, jnp.asarray(ids), jnp.asarray(mask)))
+    assert logits.shape == (3, 9, TINY.vocab_size) and logits.dtype == np.float32
+    for row in range(3):
+        real = ids[row][mask[row]]
+        ref = _numpy_forward(model, real, np.arange(len(real), dtype=np.float64))
+        np.testing.assert_allclose(logits[row][mask[row]], ref, atol=2e-4, rtol=1e-4)
+    assert np.isfinite(logits).all()  # padding rows with nothing visible stay finite
+
+
+def test_explicit_positions_shift_rope(model):
+    ids = np.random.RandomState(1).randint(0, TINY.vocab_size, (1, 5))
+    positions = np.arange(5)[None] + 11
+    logits = np.asarray(_forward(model, jnp.asarray(ids), positions=jnp.asarray(positions, jnp.int32)))
+    np.testing.assert_allclose(logits[0], _numpy_forward(model, ids[0], positions[0].astype(float)),
+                               atol=2e-4, rtol=1e-4)
+
+
+def test_kv_cache_ragged_chunks_then_decode_equal_full_forward(model):
+    """Prefill ragged prompts, append a second ragged chunk, decode token by token."""
+    rng = np.random.RandomState(2)
+    first_len, second_len, decode_steps = [5, 2, 3], [1, 4, 0], 4
+    b = len(first_len)
+    full = [list(rng.randint(0, TINY.vocab_size, first_len[r] + second_len[r] + decode_steps))
+            for r in range(b)]
+
+    def block(lengths, offsets, width):
+        ids = np.zeros((b, width), np.int32)
+        mask = np.zeros((b, width), bool)
+        for r in range(b):
+            ids[r, :lengths[r]] = full[r][offsets[r]:offsets[r] + lengths[r]]
+            mask[r, :lengths[r]] = True
+        return jnp.asarray(ids), jnp.asarray(mask)
+
+    cache = KVCache.init(TINY, b, 24)
+    got = [[] for _ in range(b)]
+    offsets = [0] * b
+    for lengths, width in ((first_len, 6), (second_len, 4)) + (([1] * b, 1),) * decode_steps:
+        ids, mask = block(lengths, offsets, width)
+        logits, cache = _forward_cached(model, ids, mask, cache)
+        for r in range(b):
+            got[r].extend(np.asarray(logits[r, :lengths[r]]))
+            offsets[r] += lengths[r]
+    lengths = [len(f) for f in full]
+    np.testing.assert_array_equal(np.asarray(cache.end), lengths)
+    ids, mask = block(lengths, [0] * b, max(lengths))
+    want = np.asarray(_forward(model, ids, mask))
+    for r in range(b):
+        np.testing.assert_allclose(np.stack(got[r]), want[r, :lengths[r]], atol=1e-5, rtol=1e-5)
+
+
+def test_value_head_shape_and_gradient():
+    model = _random_model(TINY, value_head=True)
+    ids = jnp.asarray(np.random.RandomState(3).randint(0, TINY.vocab_size, (2, 6)))
+    @nnx.jit
+    def values_and_grads(m, ids):
+        def loss(m):
+            values = m.value(ids)
+            return jnp.mean(values ** 2), values
+        return nnx.grad(loss, has_aux=True)(m)[::-1]
+
+    values, grads = values_and_grads(model, ids)
+    assert values.shape == (2, 6) and values.dtype == jnp.float32
+    assert float(jnp.abs(grads.value_head[...]).sum()) > 0
+    assert float(jnp.abs(grads.layers["q_proj"][...]).sum()) > 0  # flows into the backbone
+    no_head = nnx.eval_shape(lambda: Decoder(TINY, rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match="value_head=True"):
+        no_head.value(ids)
+
+
+def test_jit_with_params_as_arguments_matches_eager(model):
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, ids):
+        return nnx.merge(graphdef, state)(ids)
+
+    ids = jnp.asarray(np.random.RandomState(4).randint(0, TINY.vocab_size, (2, 5)))
+    np.testing.assert_allclose(forward(state, ids), _forward(model, ids), atol=1e-5)
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_layers_compile_to_one_loop_whatever_the_depth(use_cache):
+    counts = []
+    for depth in (2, 8):
+        cfg = dataclasses.replace(TINY, num_layers=depth)
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+        ids = jax.ShapeDtypeStruct((2, 4), jnp.int32)
+
+        def forward(state, ids, cache):
+            return nnx.merge(graphdef, state)(ids, cache=cache)
+
+        cache = jax.eval_shape(lambda: KVCache.init(cfg, 2, 8)) if use_cache else None
+        hlo = jax.jit(forward).lower(state, ids, cache).as_text()
+        counts.append(hlo.count("stablehlo.while"))
+    assert counts == [1, 1]
+
+
+def test_bfloat16_runs_close_to_float32(model):
+    cfg16 = dataclasses.replace(TINY, dtype="bfloat16", param_dtype="bfloat16")
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg16, rngs=nnx.Rngs(0))))
+    state = jax.tree.map(lambda new, old: old.astype(new.dtype), state, nnx.state(model))
+    model16 = nnx.merge(graphdef, state)
+    assert model16.layers.q_proj[...].dtype == jnp.bfloat16
+    ids = jnp.asarray(np.random.RandomState(5).randint(0, TINY.vocab_size, (2, 6)))
+    out16, out32 = _forward(model16, ids), _forward(model, ids)
+    assert out16.dtype == jnp.float32
+    scale = float(jnp.abs(out32).max())
+    assert float(jnp.abs(out16 - out32).max()) < 0.05 * scale
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(num_kv_heads=3), "multiple of num_kv_heads (3)"),
+    (dict(head_dim=7), "head_dim must be even"),
+    (dict(num_layers=0), "num_layers must be a positive int; got 0"),
+    (dict(vocab_size=3.5), "vocab_size must be a positive int; got 3.5"),
+    (dict(rope_theta=-1.0), "rope_theta must be a positive number"),
+    (dict(dtype="float8"), "dtype must be one of"),
+    (dict(param_dtype="int8"), "param_dtype must be one of"),
+])
+def test_config_rejects_bad_values(change, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        dataclasses.replace(TINY, **change)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(batch_size=0, max_len=4), "batch_size must be a positive int; got 0"),
+    (dict(batch_size=2, max_len=-1), "max_len must be a positive int; got -1"),
+])
+def test_cache_init_rejects_bad_sizes(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        KVCache.init(TINY, **kwargs)
+
+
+def test_call_rejects_mismatched_shapes(model):
+    ids = jnp.zeros((2, 5), jnp.int32)
+    with pytest.raises(ValueError, match=r"attention_mask must have the shape of input_ids \(2, 5\)"):
+        model(ids, attention_mask=jnp.ones((2, 4), bool))
+    with pytest.raises(ValueError, match="cache batch size 3 != input_ids batch size 2"):
+        model(ids, cache=KVCache.init(TINY, 3, 8))
