@@ -13,7 +13,8 @@ train step picks one from the config and a new estimator is one new function.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,7 @@ def gae(
 ) -> tuple[jax.Array, jax.Array]:
     """Generalised advantage estimation over the reply tokens of multi-turn rows.
 
-    For reply tokens t_1 < t_2 < ... < t_n of a row (mask nonzero), with V(t_{n+1}) = A(t_{n+1}) = 0:
+    For the reply tokens t_1 < ... < t_n of a row (mask nonzero), with V(t_{n+1}) = A(t_{n+1}) = 0:
         delta_i = r(t_i) + gamma V(t_{i+1}) - V(t_i)
         A(t_i)  = delta_i + gamma lam A(t_{i+1}),      R(t_i) = A(t_i) + V(t_i).
     This equals RAGEN's `compute_gae_advantage_return_multi_turn` on reply tokens (it runs over
@@ -286,7 +287,10 @@ def _bi_level_gae_estimator(
 
 @register_advantage_estimator("grpo")
 def _grpo_estimator(
-    inputs: AdvantageInputs, mode: str = "mean_std", eps: float = 1e-6, whiten_advantages: bool = False
+    inputs: AdvantageInputs,
+    mode: str = "mean_std",
+    eps: float = 1e-6,
+    whiten_advantages: bool = False,
 ) -> tuple[jax.Array, None]:
     """`grpo` of inputs.scores [P, N], broadcast onto each row's reply tokens; no returns."""
     _require(inputs, "grpo", "scores")

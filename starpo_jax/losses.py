@@ -113,7 +113,10 @@ def token_entropy(logits: jax.Array) -> jax.Array:
 
 
 def entropy_from_logits(logits: jax.Array, mask: jax.Array, agg: str = "token_mean") -> jax.Array:
-    """Masked mean token entropy (the entropy bonus / collapse metric). logits: [B, T, V]; mask: [B, T]."""
+    """Masked mean token entropy (entropy bonus, collapse metric).
+
+    logits: [B, T, V]; mask: [B, T]. Returns a float32 scalar (see `aggregate` for agg).
+    """
     return aggregate(token_entropy(logits), mask, agg)
 
 
@@ -153,7 +156,8 @@ def policy_loss(
       old_logp: [B, T] log-probs under the behaviour policy (treated as constants).
       advantages: [B, T] per-token advantages (treated as constants).
       mask: [B, T] nonzero on the model's reply tokens.
-      clip_low, clip_high: the band [1 - clip_low, 1 + clip_high]; clip_low in [0, 1), clip_high >= 0.
+      clip_low, clip_high: the band [1 - clip_low, 1 + clip_high]; clip_low in [0, 1),
+        clip_high >= 0.
       dual_clip: None, or c > 1.
       agg: see `aggregate`.
     Returns:

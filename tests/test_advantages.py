@@ -32,7 +32,9 @@ def random_rows(seed: int, batch: int = 6, length: int = 40):
     """
     rng = np.random.default_rng(seed)
     turn_ids = np.full((batch, length), -1, np.int32)
-    rewards = rng.normal(size=(batch, length)).astype(np.float32) * (rng.random((batch, length)) < 0.1)
+    rewards = rng.normal(size=(batch, length)).astype(np.float32) * (
+        rng.random((batch, length)) < 0.1
+    )
     for b in range(batch - 1):
         t, turn = int(rng.integers(1, 4)), 0
         while True:
@@ -142,7 +144,9 @@ def test_gae_ignores_masked_entries():
 def test_bi_level_gae_matches_reference(seed, gamma, lam, gamma_turn, lam_turn):
     rewards, values, _, turn_ids = random_rows(seed)
     got_adv, got_ret = bi_level_jit(rewards, values, turn_ids, gamma, lam, gamma_turn, lam_turn)
-    want_adv, want_ret = bi_level_reference(rewards, values, turn_ids, gamma, lam, gamma_turn, lam_turn)
+    want_adv, want_ret = bi_level_reference(
+        rewards, values, turn_ids, gamma, lam, gamma_turn, lam_turn
+    )
     np.testing.assert_allclose(got_adv, want_adv, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_ret, want_ret, rtol=1e-5, atol=1e-5)
 
@@ -164,8 +168,12 @@ def test_bi_level_gae_docstring_example_and_lam_turn_default():
     # and A^turn_1 = -1 + 0.5 * lam_turn * 2 reaches turn 0's tokens, so lam_turn shows.
     rewards[0, 5] = 8.0
     default = bi_level_jit(rewards, values, turn_ids, 1.0, 0.5, 0.5)[0]
-    np.testing.assert_allclose(default, bi_level_reference(rewards, values, turn_ids, 1.0, 0.5, 0.5, 0.5)[0])
-    assert not np.allclose(default, bi_level_reference(rewards, values, turn_ids, 1.0, 0.5, 0.5, 1.0)[0])
+    np.testing.assert_allclose(
+        default, bi_level_reference(rewards, values, turn_ids, 1.0, 0.5, 0.5, 0.5)[0]
+    )
+    assert not np.allclose(
+        default, bi_level_reference(rewards, values, turn_ids, 1.0, 0.5, 0.5, 1.0)[0]
+    )
 
 
 def grpo_reference(scores, mode, eps=1e-6):
@@ -236,7 +244,9 @@ def test_registering_a_new_estimator_is_one_function():
 
     rewards, _, mask, _ = random_rows(6)
     adv, _ = get_advantage_estimator("test_reward_to_go")(AdvantageInputs(rewards, mask), gamma=0.5)
-    np.testing.assert_allclose(adv, gae_reference_compressed(rewards, 0 * rewards, mask, 0.5, 1.0)[0], atol=1e-5)
+    np.testing.assert_allclose(
+        adv, gae_reference_compressed(rewards, 0 * rewards, mask, 0.5, 1.0)[0], atol=1e-5
+    )
     adv_lib._ESTIMATORS.pop("test_reward_to_go")
 
 
@@ -262,16 +272,26 @@ def test_registered_estimators_match_the_functions_under_jit():
 
     adv, ret = run("grpo", mode="mean")
     assert ret is None
-    np.testing.assert_allclose(adv, grpo_reference(scores, "mean").reshape(6)[:, None] * mask, atol=1e-6)
+    np.testing.assert_allclose(
+        adv, grpo_reference(scores, "mean").reshape(6)[:, None] * mask, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
     "name,inputs,match",
     [
         ("gae", AdvantageInputs(np.zeros((2, 3)), np.ones((2, 3))), "needs AdvantageInputs.values"),
-        ("bi_level_gae", AdvantageInputs(np.zeros((2, 3)), np.ones((2, 3)), np.zeros((2, 3))), "turn_ids"),
+        (
+            "bi_level_gae",
+            AdvantageInputs(np.zeros((2, 3)), np.ones((2, 3)), np.zeros((2, 3))),
+            "turn_ids",
+        ),
         ("grpo", AdvantageInputs(np.zeros((2, 3)), np.ones((2, 3))), "scores"),
-        ("grpo", AdvantageInputs(np.zeros((2, 3)), np.ones((2, 3)), scores=np.zeros((2, 2))), "do not match"),
+        (
+            "grpo",
+            AdvantageInputs(np.zeros((2, 3)), np.ones((2, 3)), scores=np.zeros((2, 2))),
+            "do not match",
+        ),
     ],
 )
 def test_estimators_name_missing_inputs(name, inputs, match):

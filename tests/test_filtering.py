@@ -32,7 +32,15 @@ SCORES = np.array(
 
 @pytest.mark.parametrize(
     "num_groups,keep_ratio,want",
-    [(8, 0.25, 2), (8, 0.3, 2), (8, 0.1, 1), (8, 1.0, 8), (1, 0.25, 1), (100, 0.29, 28), (5, 0.6, 3)],
+    [
+        (8, 0.25, 2),
+        (8, 0.3, 2),
+        (8, 0.1, 1),
+        (8, 1.0, 8),
+        (1, 0.25, 1),
+        (100, 0.29, 28),
+        (5, 0.6, 3),
+    ],
 )
 def test_num_kept_groups_follows_ragen_rounding(num_groups, keep_ratio, want):
     assert num_kept_groups(num_groups, keep_ratio) == want
