@@ -25,6 +25,12 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
+from transformers import PreTrainedTokenizerFast
+
+from starpo_jax.models.config import ModelConfig
+from starpo_jax.models.decoder import Decoder
+from starpo_jax.models.params import model_from_hf_tensors
+from starpo_jax.models.tokenizer import build_bpe_tokenizer, wrap_tokenizer
 
 GGUF_MAGIC = b"GGUF"
 
@@ -56,18 +62,19 @@ _BLOCK_PATTERN = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
 class GGUFFormatError(ValueError):
-    """The file is missing, not a GGUF, truncated, or describes a model this loader cannot map."""
+    """The file is not a GGUF, is truncated, or describes a model this loader cannot map."""
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFReader:
     """A validated reader for the GGUF file at `path` (memory-mapped, cached per file version).
 
-    Raises GGUFFormatError naming the path when the file is missing, does not start with the
-    GGUF magic, or is truncated/corrupt (its header or tensor data run past the end of the file).
+    Raises FileNotFoundError for a missing file, and GGUFFormatError naming the path when the file
+    does not start with the GGUF magic or is truncated/corrupt (its header or tensor data run past
+    the end of the file).
     """
     file = Path(path).expanduser().resolve()
     if not file.is_file():
-        raise GGUFFormatError(f"GGUF file not found: {str(path)!r} (resolved to {str(file)!r})")
+        raise FileNotFoundError(f"GGUF file not found: {str(path)!r} (resolved to {str(file)!r})")
     stat = file.stat()
     # The key includes size and mtime so a file rewritten in place is read again.
     return _open_gguf_cached(str(file), stat.st_size, stat.st_mtime_ns)
@@ -242,3 +249,31 @@ def read_gguf_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[
     names = frozenset(t.name for t in reader.tensors)
     hf_config = hf_config_from_gguf(gguf_metadata(reader), names)
     return hf_config, hf_tensors_from_gguf(reader, hf_config)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_parts(reader: GGUFReader) -> tuple[Any, dict[str, Any]]:
+    metadata = {k: v for k, v in gguf_metadata(reader).items() if k.startswith("tokenizer.")}
+    return build_bpe_tokenizer(metadata), metadata
+
+
+def load_gguf_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
+    """The tokenizer stored in the GGUF file at `path`, as a transformers fast tokenizer.
+
+    Each call returns a fresh object (callers may change padding_side etc.); the parsed
+    vocabulary is cached per file version, so repeated calls cost a copy (~0.2 s), not a parse.
+    """
+    return wrap_tokenizer(*_tokenizer_parts(open_gguf(path)))
+
+
+def load_gguf(
+    path: str | os.PathLike, dtype: str = "float32", *, value_head: bool = False
+) -> tuple[Decoder, PreTrainedTokenizerFast]:
+    """(Decoder, tokenizer) from a GGUF file; `dtype` sets both compute and parameter dtype.
+
+    Weights are dequantised to float32 and then cast to `dtype`.
+    """
+    hf_config, tensors = read_gguf_checkpoint(path)
+    config = ModelConfig.from_hf_config(hf_config, dtype=dtype, param_dtype=dtype)
+    model = model_from_hf_tensors(config, tensors, value_head=value_head)
+    return model, load_gguf_tokenizer(path)
