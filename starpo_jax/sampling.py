@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.struct
 import jax
@@ -33,7 +33,9 @@ import numpy as np
 from flax import nnx
 
 from starpo_jax.models.cache import KVCache
-from starpo_jax.text.token_bytes import TokenBytes
+
+if TYPE_CHECKING:  # a runtime import would cycle: the text package's parser uses this module
+    from starpo_jax.text.token_bytes import TokenBytes
 
 
 class StopReason(enum.IntEnum):
