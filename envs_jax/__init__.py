@@ -6,5 +6,6 @@ from envs_jax.registry import make, names, register
 # Importing a game's package registers it (after the registry import above).
 import envs_jax.bandit  # noqa: F401
 import envs_jax.frozen_lake  # noqa: F401
+import envs_jax.sokoban  # noqa: F401
 
 __all__ = ["TextEnv", "make", "names", "register"]

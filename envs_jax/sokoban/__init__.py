@@ -1,0 +1,19 @@
+"""Sokoban (and its larger and new-vocabulary variants) as pure-JAX text environments."""
+
+from envs_jax.registry import register
+from envs_jax.sokoban.constants import NEW_VOCAB_SYMBOLS, SYMBOLS
+from envs_jax.sokoban.env import Sokoban
+from envs_jax.sokoban.types import Observation, State
+
+register("sokoban", Sokoban, dim_room=(6, 6), num_boxes=1, search_depth=300)
+register("sokoban_large", Sokoban, dim_room=(8, 8), num_boxes=2, search_depth=10)
+register(
+    "sokoban_new_vocab",
+    Sokoban,
+    dim_room=(6, 6),
+    num_boxes=1,
+    search_depth=300,
+    symbols=NEW_VOCAB_SYMBOLS,
+)
+
+__all__ = ["NEW_VOCAB_SYMBOLS", "SYMBOLS", "Observation", "Sokoban", "State"]

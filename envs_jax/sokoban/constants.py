@@ -1,0 +1,38 @@
+"""Sokoban's fixed tables: symbol ids, the two vocabularies, actions and rewards.
+
+Symbol ids follow the original's `grid_lookup` (0 wall ... 6 player on target), so id i renders
+as `symbols[i]` in either vocabulary.
+"""
+
+from __future__ import annotations
+
+WALL, EMPTY, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
+
+#: The original's symbols, in id order.
+SYMBOLS: tuple[str, ...] = ("#", "_", "O", "√", "X", "P", "S")
+#: SokobanNewVocab's symbols, in the same id order (wall W ... player on target @).
+NEW_VOCAB_SYMBOLS: tuple[str, ...] = ("W", ".", "G", "C", "B", "A", "@")
+#: What each symbol id means, for the legend in the instructions.
+SYMBOL_MEANINGS: tuple[str, ...] = (
+    "wall",
+    "empty",
+    "target",
+    "box on target",
+    "box",
+    "player",
+    "player on target",
+)
+
+#: The original's action order; action i moves the player by MOVES[i] = (d_row, d_col).
+ACTION_NAMES: tuple[str, ...] = ("Up", "Down", "Left", "Right")
+MOVES: tuple[tuple[int, int], ...] = ((-1, 0), (1, 0), (0, -1), (0, 1))
+
+# gym-sokoban's rewards; the step penalty is paid on every step, blocked moves included.
+STEP_PENALTY = -0.1
+BOX_ON_TARGET_REWARD = 1.0
+BOX_OFF_TARGET_PENALTY = -1.0
+SOLVED_REWARD = 10.0
+
+# The original's generator: carve for int(1.7 * (h + w)) steps, turning with this probability.
+CARVE_STEPS_PER_SIDE = 1.7
+P_CHANGE_DIRECTION = 0.35

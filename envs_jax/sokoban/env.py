@@ -1,0 +1,233 @@
+"""Sokoban as a pure-JAX jumanji environment with the original's (gym-sokoban's) rules.
+
+An action pushes the box ahead if the cell beyond it is free floor or target, else walks if the
+cell ahead is free. Every step costs 0.1; a box arriving on a target pays +1, one leaving pays -1
+(at most one of them per step, as only one box moves); solving pays +10 and terminates; the
+episode is truncated after `max_steps` actions. Cells off the grid count as walls.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jumanji import specs
+from jumanji.types import StepType, TimeStep, restart
+
+from envs_jax.base import TextEnv
+from envs_jax.sokoban import constants as c
+from envs_jax.sokoban.generator import GeneratorConfig, generate
+from envs_jax.sokoban.levels import layers_from_symbols, parse_symbols
+from envs_jax.sokoban.types import Observation, State
+
+_MIN_SIDE, _MAX_SIDE = 5, 32
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int; got {value!r}")
+    if value < low or (high is not None and value > high):
+        valid = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name}={value} is out of range; valid: {valid}")
+    return int(value)
+
+
+class Sokoban(TextEnv[State, Observation]):
+    """Push every box onto a target; levels come from the in-JAX generator (see generator.py).
+
+    Args:
+      dim_room: (rows, cols) of the room, walls included; each side in [5, 32].
+      num_boxes: boxes (and targets), 1 <= num_boxes <= cols - 2.
+      max_steps: actions before truncation.
+      search_depth: the original's reverse-search depth (pulls up to search_depth - 2).
+      symbols: the 7 strings of wall, empty, target, box on target, box, player,
+        player on target (constants.SYMBOLS or NEW_VOCAB_SYMBOLS).
+      max_gen_attempts: cap on rounds of level draws before the fixed fallback level.
+      num_playouts, playout_length: the generator's reverse search (defaults calibrated to the
+        original's difficulty; playout_length defaults to min(search_depth - 2, 30)).
+      attempts_per_round: level candidates drawn side by side per retry round.
+    """
+
+    action_names = c.ACTION_NAMES
+
+    def __init__(
+        self,
+        dim_room: tuple[int, int] = (6, 6),
+        num_boxes: int = 1,
+        max_steps: int = 100,
+        search_depth: int = 300,
+        symbols: tuple[str, ...] = c.SYMBOLS,
+        max_gen_attempts: int = 64,
+        num_playouts: int = 32,
+        playout_length: int | None = None,
+        attempts_per_round: int = 1,
+    ):
+        if not (isinstance(dim_room, (tuple, list)) and len(dim_room) == 2):
+            raise ValueError(f"dim_room must be a (rows, cols) pair; got {dim_room!r}")
+        rows = _check_int("dim_room[0]", dim_room[0], _MIN_SIDE, _MAX_SIDE)
+        cols = _check_int("dim_room[1]", dim_room[1], _MIN_SIDE, _MAX_SIDE)
+        # The fallback level puts one box per interior column, so cols - 2 bounds num_boxes.
+        if isinstance(num_boxes, (int, np.integer)) and num_boxes > cols - 2:
+            raise ValueError(
+                f"num_boxes={num_boxes} does not fit a room of dim_room={tuple(dim_room)}: "
+                f"at most dim_room[1] - 2 = {cols - 2}"
+            )
+        num_boxes = _check_int("num_boxes", num_boxes, 1, cols - 2)
+        self.max_steps = _check_int("max_steps", max_steps, 1)
+        search_depth = _check_int("search_depth", search_depth, 3)
+        symbols = tuple(symbols)
+        if len(symbols) != 7 or len(set(symbols)) != 7 or not all(
+            isinstance(s, str) and s for s in symbols
+        ):
+            raise ValueError(
+                "symbols must be 7 distinct non-empty strings for "
+                f"{', '.join(c.SYMBOL_MEANINGS)}; got {symbols!r}"
+            )
+        if playout_length is None:
+            playout_length = min(search_depth - 2, 30)
+        self.generator_config = GeneratorConfig(
+            dim_room=(rows, cols),
+            num_boxes=num_boxes,
+            search_depth=search_depth,
+            num_playouts=_check_int("num_playouts", num_playouts, 1),
+            playout_length=_check_int("playout_length", playout_length, 1, search_depth - 2),
+            max_attempts=_check_int("max_gen_attempts", max_gen_attempts, 1),
+            attempts_per_round=_check_int("attempts_per_round", attempts_per_round, 1),
+        )
+        self.dim_room = (rows, cols)
+        self.num_boxes = num_boxes
+        self.symbol_strings = symbols
+        legend = ", ".join(f"{s} {m}" for s, m in zip(symbols, c.SYMBOL_MEANINGS))
+        self.instructions = (
+            "You are solving the Sokoban puzzle. You are the player and you need to push all "
+            "boxes to targets. When you are right next to a box, you can push it by moving in "
+            "the same direction. You cannot push a box through a wall, and you cannot pull a "
+            f"box.\nThe meaning of each symbol in the state is: {legend}.\n"
+            f"Your available actions are: {', '.join(self.action_names)}."
+        )
+        super().__init__()
+
+    def _describe(self) -> str:
+        cfg = self.generator_config
+        return (
+            f"dim_room={self.dim_room}, num_boxes={self.num_boxes}, max_steps={self.max_steps}, "
+            f"search_depth={cfg.search_depth}"
+        )
+
+    @cached_property
+    def observation_spec(self) -> specs.Spec[Observation]:
+        return specs.Spec(
+            Observation,
+            "ObservationSpec",
+            grid=specs.BoundedArray(self.dim_room, jnp.int32, 0, c.PLAYER_ON_TARGET, "grid"),
+            step_count=specs.BoundedArray((), jnp.int32, 0, self.max_steps, "step_count"),
+        )
+
+    def reset(self, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
+        """A fresh generated level (pure; jit/vmap-able)."""
+        key, level_key = jax.random.split(key)
+        level = generate(level_key, self.generator_config)
+        return self._start(key, level.walls, level.targets, level.boxes, level.player)
+
+    def reset_from_text(self, text: str, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
+        """The level drawn in `text` (this env's symbols, rows split by newlines).
+
+        Raises ValueError for ragged rows, unknown symbols, a player count other than one,
+        #boxes != #targets or no box, or a size other than dim_room.
+        """
+        ids = parse_symbols(text, self.symbol_strings)
+        if ids.shape != self.dim_room:
+            raise ValueError(f"level is {ids.shape[0]}x{ids.shape[1]}; this env's dim_room is "
+                             f"{self.dim_room[0]}x{self.dim_room[1]}")
+        layers = layers_from_symbols(ids)
+        return self._start(
+            key,
+            jnp.asarray(layers.walls),
+            jnp.asarray(layers.targets),
+            jnp.asarray(layers.boxes),
+            jnp.asarray(layers.player, jnp.int32),
+        )
+
+    def _start(self, key, walls, targets, boxes, player) -> tuple[State, TimeStep[Observation]]:
+        state = State(
+            key=key,
+            walls=walls,
+            targets=targets,
+            boxes=boxes,
+            player=player,
+            step_count=jnp.int32(0),
+            success=jnp.all(boxes == targets),
+        )
+        extras = {"success": state.success, "action_is_effective": jnp.bool_(False)}
+        return state, restart(self._observation(state), extras)
+
+    def step(self, state: State, action: chex.Array) -> tuple[State, TimeStep[Observation]]:
+        """One action (int32 index into action_names); pure, jit/vmap-able."""
+        move = jnp.asarray(c.MOVES, jnp.int32)[action]
+        ahead = state.player + move
+        beyond = ahead + move
+        box_ahead = _cell(state.boxes, ahead, False)
+        beyond_free = ~_cell(state.walls, beyond, True) & ~_cell(state.boxes, beyond, False)
+        push = box_ahead & beyond_free
+        walk = ~_cell(state.walls, ahead, True) & ~box_ahead
+        moved = push | walk
+        rows, cols = _coords(self.dim_room)
+        at_ahead = (rows == ahead[0]) & (cols == ahead[1])
+        at_beyond = (rows == beyond[0]) & (cols == beyond[1])
+        boxes = jnp.where(push, (state.boxes & ~at_ahead) | at_beyond, state.boxes)
+
+        on_before = jnp.sum(state.boxes & state.targets)
+        on_after = jnp.sum(boxes & state.targets)
+        success = jnp.all(boxes == state.targets)
+        reward = (
+            c.STEP_PENALTY
+            + jnp.where(on_after > on_before, c.BOX_ON_TARGET_REWARD, 0.0)
+            + jnp.where(on_after < on_before, c.BOX_OFF_TARGET_PENALTY, 0.0)
+            + jnp.where(success, c.SOLVED_REWARD, 0.0)
+        ).astype(jnp.float32)
+        step_count = state.step_count + 1
+        state = state.replace(
+            boxes=boxes,
+            player=jnp.where(moved, ahead, state.player),
+            step_count=step_count,
+            success=success,
+        )
+        done = success | (step_count >= self.max_steps)
+        timestep = TimeStep(
+            step_type=jnp.where(done, StepType.LAST, StepType.MID),
+            reward=reward,
+            # Solving terminates (discount 0); the step limit truncates (discount 1).
+            discount=jnp.where(success, 0.0, 1.0).astype(jnp.float32),
+            observation=self._observation(state),
+            extras={"success": success, "action_is_effective": moved},
+        )
+        return state, timestep
+
+    def render_symbols(self, state: State) -> chex.Array:
+        """Symbol ids int32 [H, W] of the state (see constants)."""
+        rows, cols = _coords(self.dim_room)
+        is_player = (rows == state.player[0]) & (cols == state.player[1])
+        ids = jnp.where(state.walls, c.WALL, c.EMPTY)
+        ids = jnp.where(state.targets, c.TARGET, ids)
+        ids = jnp.where(state.boxes, jnp.where(state.targets, c.BOX_ON_TARGET, c.BOX), ids)
+        player = jnp.where(state.targets, c.PLAYER_ON_TARGET, c.PLAYER)
+        return jnp.where(is_player, player, ids).astype(jnp.int32)
+
+    def _observation(self, state: State) -> Observation:
+        return Observation(grid=self.render_symbols(state), step_count=state.step_count)
+
+
+def _coords(dim_room: tuple[int, int]) -> tuple[chex.Array, chex.Array]:
+    """Row and column index grids, int32 [H, 1] and [1, W]."""
+    return jnp.arange(dim_room[0])[:, None], jnp.arange(dim_room[1])[None, :]
+
+
+def _cell(grid: chex.Array, pos: chex.Array, outside: bool) -> chex.Array:
+    """grid[pos] for bool [H, W] and int32 [2], or `outside` when pos is off the grid."""
+    h, w = grid.shape
+    inside = (pos[0] >= 0) & (pos[0] < h) & (pos[1] >= 0) & (pos[1] < w)
+    value = grid[jnp.clip(pos[0], 0, h - 1), jnp.clip(pos[1], 0, w - 1)]
+    return jnp.where(inside, value, outside)
