@@ -121,9 +121,8 @@ def test_transitions_match_gymnasium_table():
                     nxt, ts = FLAT_STEP(state, jnp.int32((action + k) % 4))
                     row, col = np.asarray(nxt.player)
                     ours.append((int(row * 4 + col), float(ts.reward), bool(ts.discount == 0)))
-                theirs = [
-                    (s, float(r), d) for p, s, r, d in table[cell][action] for _ in range(round(p * 3))
-                ]
+                branches = table[cell][action]  # (prob, next, reward, terminated), 1/3 or 1
+                theirs = [(s, float(r), d) for p, s, r, d in branches for _ in range(round(p * 3))]
                 assert sorted(ours) == sorted(theirs), (text, cell, action)
 
 
