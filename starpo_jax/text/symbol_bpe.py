@@ -113,7 +113,9 @@ def _reachable_merges(spec: dict, byte_ids: dict[int, int]) -> tuple[np.ndarray,
         raise ValueError(f"{len(local_ids)} reachable tokens: the alphabet is too large for int32 merge keys")
     local = {int(t): i for i, t in enumerate(local_ids)}
     r = len(local_ids)
-    keys = np.array([local[a] * r + local[b] for _, a, b, _ in used], np.int64)
+    # A never-matching entry keeps the tables non-empty when the alphabet has no merges.
+    used.append((int(_NO_MERGE), 0, 0, int(local_ids[0])))
+    keys = np.array([local[a] * r + local[b] for _, a, b, _ in used[:-1]] + [_NO_MERGE], np.int64)
     order = np.argsort(keys, kind="stable")
     ranks = np.array([u[0] for u in used], np.int32)[order]
     results = np.array([local[u[3]] for u in used], np.int32)[order]

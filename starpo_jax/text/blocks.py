@@ -1,0 +1,250 @@
+"""Text with dynamic slots (a grid, integers, a reward) turned into token ids inside jit.
+
+A block is a list of fixed strings (which may hold special tokens) and slots. Each slot is
+tokenised in JAX by a `SymbolBpe` over its alphabet; the fixed text around it is tokenised
+once on the host. Where a slot's tokens would merge with its neighbours (GPT-2 style " 12",
+Qwen style "#\n"), the slot's region is widened into the neighbouring fixed text, a character
+at a time, until its edges are cuts: positions p where encode(text[:p]) + encode(text[p:]) ==
+encode(text) for every sampled filling. The whole block is then verified against
+`tokenizer.encode` on random fillings; any mismatch raises, naming the slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from starpo_jax.text.symbol_bpe import SymbolBpe, build_symbol_bpe, encode_symbols
+from starpo_jax.text.templates import MAX_REWARD, format_reward
+
+DIGITS = tuple("0123456789")
+NUMBER_SYMBOLS = (*DIGITS, "-", ".", "")
+_MINUS, _POINT, _EMPTY = 10, 11, 12
+INT_WIDTH = 3  # turn numbers and action budgets: 0..999
+_WHOLE_WIDTH = len(str(int(MAX_REWARD)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """A dynamic part of a block: its alphabet and a sampler of random symbol rows.
+
+    sample(rng) -> [N] int32 ids into `symbols` (N fixed per slot).
+    """
+
+    name: str
+    symbols: tuple[str, ...]
+    sample: Callable[[np.random.Generator], np.ndarray]
+
+
+def int_symbols(value: jax.Array) -> jax.Array:
+    """[] int -> [INT_WIDTH] ids into NUMBER_SYMBOLS: decimal digits, leading positions empty."""
+    value = jnp.clip(value, 0, 10**INT_WIDTH - 1)
+    powers = 10 ** jnp.arange(INT_WIDTH - 1, -1, -1)
+    digits = (value // powers) % 10
+    shown = (value >= powers) | (powers == 1)
+    return jnp.where(shown, digits, _EMPTY).astype(jnp.int32)
+
+
+def reward_symbols(reward: jax.Array) -> jax.Array:
+    """[] float -> [_WHOLE_WIDTH + 4] ids into NUMBER_SYMBOLS spelling `format_reward(reward)`."""
+    clipped = jnp.clip(reward.astype(jnp.float32), -MAX_REWARD, MAX_REWARD)
+    cents = jnp.round(clipped * jnp.float32(100)).astype(jnp.int32)
+    magnitude = jnp.abs(cents)
+    powers = 10 ** jnp.arange(_WHOLE_WIDTH - 1, -1, -1)
+    whole = magnitude // 100
+    whole_digits = jnp.where((whole >= powers) | (powers == 1), (whole // powers) % 10, _EMPTY)
+    tenths, hundredths = (magnitude // 10) % 10, magnitude % 10
+    has_frac = magnitude % 100 != 0
+    return jnp.concatenate([
+        jnp.where(cents < 0, _MINUS, _EMPTY)[None],
+        whole_digits,
+        jnp.stack([jnp.where(has_frac, _POINT, _EMPTY), jnp.where(has_frac, tenths, _EMPTY),
+                   jnp.where(hundredths != 0, hundredths, _EMPTY)]),
+    ]).astype(jnp.int32)
+
+
+def _spell(text: str, width: int) -> np.ndarray:
+    """Host: the ids of `text` in NUMBER_SYMBOLS, padded with the empty symbol to `width`."""
+    return np.array([NUMBER_SYMBOLS.index(c) for c in text] + [_EMPTY] * (width - len(text)), np.int32)
+
+
+def sample_int(rng: np.random.Generator) -> np.ndarray:
+    """Random INT_WIDTH-symbol spelling of an integer (small ones more often)."""
+    value = int(rng.choice([rng.integers(0, 10), rng.integers(10, 100), rng.integers(0, 10**INT_WIDTH)]))
+    return _spell(str(value), INT_WIDTH)
+
+
+def sample_reward(rng: np.random.Generator) -> np.ndarray:
+    """Random reward spelling: the games' rewards and arbitrary values of several magnitudes."""
+    pool = [0.0, 0.1, -0.1, 1.0, 10.0, 9.9, -1.1, 0.9, 10.9]
+    value = rng.choice(pool) if rng.random() < 0.5 else rng.uniform(-1000, 1000) / 10.0 ** rng.integers(0, 4)
+    return _spell(format_reward(value), _WHOLE_WIDTH + 4)
+
+
+def grid_slot(symbol_strings: tuple[str, ...], rows: int, cols: int) -> Slot:
+    """The observation: rows x cols symbol ids, rows joined by "\\n" (the env contract)."""
+    symbols = (*symbol_strings, "\n")
+
+    def sample(rng: np.random.Generator) -> np.ndarray:
+        grid = rng.integers(0, len(symbol_strings), (rows, cols))
+        return np.concatenate([grid, np.full((rows, 1), len(symbol_strings))], axis=1).reshape(-1)[:-1]
+
+    return Slot("state", symbols, sample)
+
+
+def flatten_grid(grid: jax.Array, newline: int) -> jax.Array:
+    """[R, C] symbol ids -> [R * (C + 1) - 1]: the rows with the id `newline` between them."""
+    rows = grid.shape[0]
+    sep = jnp.full((rows, 1), newline, jnp.int32)
+    return jnp.concatenate([grid.astype(jnp.int32), sep], axis=1).reshape(-1)[:-1]
+
+
+class Region(flax.struct.PyTreeNode):
+    """A slot widened to cuts: left text + slot symbols + right text, one SymbolBpe."""
+
+    bpe: SymbolBpe
+    slot_width: int = flax.struct.field(pytree_node=False)
+
+    def encode(self, slot_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """[slot_width] int32 -> (ids [T] int32, length [])."""
+        n = len(self.bpe.symbols)
+        seq = jnp.concatenate([jnp.array([n - 2], jnp.int32), slot_ids.astype(jnp.int32),
+                               jnp.array([n - 1], jnp.int32)])
+        return encode_symbols(self.bpe, seq)
+
+
+def concat_pieces(pieces: Sequence[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array]:
+    """Concatenates variable-length id rows: [(ids [T_i], n_i)] -> (ids [sum T_i] (-1 pad), n)."""
+    total = sum(int(ids.shape[0]) for ids, _ in pieces)
+    out = jnp.full((total,), -1, jnp.int32)
+    offset = jnp.int32(0)
+    for ids, n in pieces:
+        pos = jnp.where(jnp.arange(ids.shape[0]) < n, offset + jnp.arange(ids.shape[0]), total)
+        out = out.at[pos].set(ids.astype(jnp.int32), mode="drop")
+        offset = offset + n
+    return out, offset
+
+
+class Block(flax.struct.PyTreeNode):
+    """Fixed token runs alternating with regions: static[0] region[0] static[1] ... static[-1]."""
+
+    regions: tuple[Region, ...]
+    static: tuple[tuple[int, ...], ...] = flax.struct.field(pytree_node=False)
+    slot_names: tuple[str, ...] = flax.struct.field(pytree_node=False)
+
+    def encode(self, slots: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        """{slot name: [width] int32 symbol ids} -> (ids [T] int32 (-1 pad), length [] int32)."""
+        pieces = []
+        for i, static in enumerate(self.static):
+            if static:
+                pieces.append((jnp.array(static, jnp.int32), jnp.int32(len(static))))
+            if i < len(self.regions):
+                pieces.append(self.regions[i].encode(slots[self.slot_names[i]]))
+        return concat_pieces(pieces)
+
+
+def _encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _fill(parts: Sequence[str | Slot], fills: dict[str, np.ndarray]) -> str:
+    return "".join(p if isinstance(p, str) else "".join(p.symbols[i] for i in fills[p.name]) for p in parts)
+
+
+def _is_cut(tokenizer: Any, texts: list[str], positions: list[int]) -> bool:
+    lefts = _encode_many(tokenizer, [t[:p] for t, p in zip(texts, positions)])
+    rights = _encode_many(tokenizer, [t[p:] for t, p in zip(texts, positions)])
+    whole = _encode_many(tokenizer, texts)
+    return all(a + b == w for a, b, w in zip(lefts, rights, whole))
+
+
+def build_block(tokenizer: Any, parts: Sequence[str | Slot], *, samples: int = 64, verify: int = 300,
+                seed: int = 0) -> Block:
+    """Host: a Block for `parts` (strings and Slots, never two Slots adjacent).
+
+    Raises ValueError naming the slot when no cut isolates it, or when the block's JAX encoding
+    differs from `tokenizer.encode` on one of `verify` random fillings.
+    """
+    merged: list[str | Slot] = [""]  # alternate text, slot, text, ...: join adjacent texts
+    for part in parts:
+        if isinstance(part, str):
+            merged[-1] = merged[-1] + part if isinstance(merged[-1], str) else part
+            continue
+        if isinstance(merged[-1], Slot):
+            raise ValueError(f"slots {merged[-1].name!r} and {part.name!r} are adjacent; put fixed text between")
+        merged.append(part)
+        merged.append("")
+    parts = merged
+    rng = np.random.default_rng(seed)
+    slots = [p for p in parts if isinstance(p, Slot)]
+    fills = [{s.name: s.sample(rng) for s in slots} for _ in range(samples)]
+    texts = [_fill(parts, f) for f in fills]
+    widen: list[list[int]] = [[0, 0] for _ in slots]  # chars taken from the left / right text
+    for i, slot in enumerate(slots):
+        at = parts.index(slot)
+        left, right = parts[at - 1], parts[at + 1]
+        begin = [len(_fill(parts[:at], f)) for f in fills]
+        end = [len(_fill(parts[: at + 1], f)) for f in fills]
+        for side, text, base, sign in ((0, left, begin, -1), (1, right, end, 1)):
+            for k in range(len(text) + 1):
+                if _is_cut(tokenizer, texts, [b + sign * k for b in base]):
+                    widen[i][side] = k
+                    break
+            else:
+                raise ValueError(f"slot {slot.name!r}: no cut separates it from the fixed text "
+                                 f"{text!r}; this tokenizer cannot render it exactly")
+    statics: list[str] = [p for p in parts if isinstance(p, str)]
+    regions = []
+    for i, slot in enumerate(slots):
+        lw, rw = widen[i]
+        if lw + (widen[i - 1][1] if i else 0) > len(statics[i]) or rw > len(statics[i + 1]):
+            raise ValueError(f"slot {slot.name!r}: its widened region overlaps the previous slot's")
+        left_text = statics[i][len(statics[i]) - lw:]
+        right_text = statics[i + 1][:rw]
+        bpe = build_symbol_bpe(tokenizer, (*slot.symbols, left_text, right_text))
+        regions.append(Region(bpe=bpe, slot_width=len(slot.sample(rng))))
+    trimmed = []
+    for i, text in enumerate(statics):
+        start = widen[i - 1][1] if i else 0
+        stop = len(text) - (widen[i][0] if i < len(slots) else 0)
+        trimmed.append(tuple(_encode_many(tokenizer, [text[start:stop]])[0]) if stop > start else ())
+    block = Block(regions=tuple(regions), static=tuple(trimmed), slot_names=tuple(s.name for s in slots))
+    _verify(tokenizer, block, parts, slots, rng, verify)
+    return block
+
+
+def _verify(tokenizer: Any, block: Block, parts: list, slots: list[Slot], rng: np.random.Generator,
+            count: int) -> None:
+    fills = [{s.name: s.sample(rng) for s in slots} for _ in range(count)]
+    batch = {s.name: jnp.asarray(np.stack([f[s.name] for f in fills])) for s in slots}
+    ids, lengths = jax.jit(jax.vmap(block.encode))(batch)
+    ids, lengths = np.asarray(ids), np.asarray(lengths)
+    expected = _encode_many(tokenizer, [_fill(parts, f) for f in fills])
+    for row, want in enumerate(expected):
+        got = ids[row, : lengths[row]].tolist()
+        if got != want:
+            text = _fill(parts, fills[row])
+            same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            at = len(tokenizer.decode(want[:same]))
+            raise ValueError(
+                f"cannot render {block.slot_names} exactly with this tokenizer: the tokenizations of "
+                f"{text!r} differ from character {at} ({text[at:at + 3]!r}...): codec {got[same:same + 4]}, "
+                f"tokenizer {want[same:same + 4]}; symbols there: {_symbols_at(parts, fills[row], at)}")
+
+
+def _symbols_at(parts: list, fill: dict[str, np.ndarray], at: int) -> list[str]:
+    """The slot symbols whose text lies within two characters of position `at`."""
+    found, offset = [], 0
+    for p in parts:
+        pieces = [p] if isinstance(p, str) else [p.symbols[i] for i in fill[p.name]]
+        for piece in pieces:
+            if not isinstance(p, str) and piece and offset - 2 <= at <= offset + len(piece) + 1:
+                found.append(piece)
+            offset += len(piece)
+    return found

@@ -1,0 +1,168 @@
+"""The codec: everything the rollout needs to speak to the model inside jit, built once.
+
+    codec = build_codec(tokenizer, env, mode="think")
+    ids, n = codec.render_observation(symbols)            # == tokenizer.encode(env.render_text(s))
+    ids, n = codec.first_prompt(symbols, actions_left)    # system + user turn 1 + assistant header
+    ids, n = codec.next_prompt(turn, reward, symbols, actions_left)  # end of reply .. header
+    parsed = codec.parse_reply(reply_ids, reply_length)
+
+A conversation of K turns is, token for token, `tokenizer.apply_chat_template(messages)` of
+`render_conversation_text(...)`:
+
+    first_prompt + reply_1 + next_prompt(2, r_1, ...) + reply_2 + ... + reply_K + closing
+
+where reply_k are the assistant's tokens *including* the forced prefix (`forced_prefix_ids`) and
+excluding any end-of-turn token (the template's `closing` supplies it). The reply tokens must be
+the tokenizer's own encoding of their text for the whole to re-tokenise identically; sampled
+replies generally are not, which matters only for comparing with the host, not for training.
+All methods take one row or any leading batch axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from starpo_jax.text import blocks as bk
+from starpo_jax.text.parse import ParsedReply, ReplyParser, build_parser, parse
+from starpo_jax.text.templates import NO_THINK, THINK, PromptTemplate, default_template, intro_text
+from starpo_jax.text.token_bytes import token_byte_table
+
+_SENTINELS = ("\x01SYS\x01", "\x01U1\x01", "\x01A1\x01", "\x01U2\x01", "\x01A2\x01")
+
+
+def chat_pieces(tokenizer: Any) -> dict[str, str]:
+    """The chat template's fixed text around each message, found with sentinel contents.
+
+    Returns {"start", "system_to_user", "user_to_assistant", "assistant_to_user", "closing"}.
+    Raises ValueError when turns are not rendered uniformly or the generation prompt differs
+    from the text before an assistant message.
+    """
+    roles = ("system", "user", "assistant", "user", "assistant")
+    messages = [{"role": r, "content": c} for r, c in zip(roles, _SENTINELS)]
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    prompt = tokenizer.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
+    cuts = [full.find(s) for s in _SENTINELS]
+    if any(c < 0 for c in cuts) or cuts != sorted(cuts):
+        raise ValueError("the chat template drops or reorders message contents; cannot build turns from it")
+    between = [full[cuts[i] + len(_SENTINELS[i]): cuts[i + 1]] for i in range(4)]
+    pieces = {"start": full[: cuts[0]], "system_to_user": between[0], "user_to_assistant": between[1],
+              "assistant_to_user": between[2], "closing": full[cuts[4] + len(_SENTINELS[4]):]}
+    if between[3] != between[1]:
+        raise ValueError(f"the chat template renders user turns differently: {between[1]!r} vs {between[3]!r}")
+    expected = pieces["start"] + _SENTINELS[0] + between[0] + _SENTINELS[1] + between[1]
+    if prompt != expected:
+        raise ValueError(f"the generation prompt {prompt!r} differs from the conversation's {expected!r}")
+    return pieces
+
+
+class Codec(flax.struct.PyTreeNode):
+    """Host-built tables (pytree leaves) and static settings; see the module docstring."""
+
+    observation: bk.Block
+    first: bk.Block
+    later: bk.Block
+    parser: ReplyParser
+    closing_ids: tuple[int, ...] = flax.struct.field(pytree_node=False)
+    forced_prefix_ids: tuple[int, ...] = flax.struct.field(pytree_node=False)
+    template: PromptTemplate = flax.struct.field(pytree_node=False)
+    grid_shape: tuple[int, int] = flax.struct.field(pytree_node=False)
+    newline_id: int = flax.struct.field(pytree_node=False)
+
+    def _grid(self, symbols: jax.Array) -> jax.Array:
+        if tuple(symbols.shape) != self.grid_shape:
+            raise ValueError(f"symbols have shape {symbols.shape}; this codec renders {self.grid_shape} grids")
+        return bk.flatten_grid(symbols, self.newline_id)
+
+    def _observation_row(self, symbols):
+        return self.observation.encode({"state": self._grid(symbols)})
+
+    def _first_row(self, symbols, actions_left):
+        return self.first.encode({"turn": bk.int_symbols(jnp.int32(1)), "state": self._grid(symbols),
+                                  "actions_left": bk.int_symbols(actions_left)})
+
+    def _later_row(self, turn, reward, symbols, actions_left):
+        return self.later.encode({"reward": bk.reward_symbols(reward), "turn": bk.int_symbols(turn),
+                                  "state": self._grid(symbols), "actions_left": bk.int_symbols(actions_left)})
+
+    def render_observation(self, symbols: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """symbols [..., R, C] int32 -> (ids [..., T] int32 (-1 padded), lengths [...] int32)."""
+        return _over_leading(self._observation_row, symbols.ndim - 2, symbols)
+
+    def first_prompt(self, symbols: jax.Array, actions_left: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Turn 1's prompt, from the template's start to the assistant header.
+
+        symbols [..., R, C] int32, actions_left [...] int32 -> (ids [..., T], lengths [...]).
+        """
+        return _over_leading(self._first_row, symbols.ndim - 2, symbols, jnp.asarray(actions_left, jnp.int32))
+
+    def next_prompt(self, turn: jax.Array, reward: jax.Array, symbols: jax.Array,
+                    actions_left: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """What follows reply turn-1: end of that reply, user message (reward of turn-1, turn's
+        state), assistant header. turn [...] int32 (>= 2), reward [...] float32,
+        symbols [..., R, C] int32, actions_left [...] int32 -> (ids [..., T], lengths [...])."""
+        return _over_leading(self._later_row, symbols.ndim - 2, jnp.asarray(turn, jnp.int32),
+                             jnp.asarray(reward, jnp.float32), symbols, jnp.asarray(actions_left, jnp.int32))
+
+    def parse_reply(self, reply_ids: jax.Array, reply_length: jax.Array) -> ParsedReply:
+        """reply_ids [..., T] int32 (whole assistant text incl. the forced prefix), lengths [...]."""
+        return parse(self.parser, reply_ids, reply_length)
+
+
+def build_codec(tokenizer: Any, env: Any, mode: str = THINK, *, max_actions_per_turn: int = 5,
+                max_tokens: int = 100, max_reply_bytes: int = 2048, verify: int = 300,
+                **template_overrides: Any) -> Codec:
+    """Host: builds and verifies a Codec for this tokenizer and env (a TextEnv).
+
+    template_overrides replace fields of `default_template(mode)` (e.g. system=..., turn=...).
+    Raises ValueError, naming the symbol or slot, if a rendering cannot be made exact.
+    """
+    if mode not in (THINK, NO_THINK):
+        raise ValueError(f"unknown mode {mode!r}; valid: {THINK!r}, {NO_THINK!r}")
+    template = PromptTemplate(**{**default_template(mode).__dict__, **template_overrides})
+    rows, cols = jax.eval_shape(lambda key: env.render_symbols(env.reset(key)[0]), jax.random.PRNGKey(0)).shape
+    symbols = tuple(env.symbol_strings)
+    state = bk.grid_slot(symbols, rows, cols)
+    number = lambda name, sample: bk.Slot(name, bk.NUMBER_SYMBOLS, sample)  # noqa: E731
+    turn, left = number("turn", bk.sample_int), number("actions_left", bk.sample_int)
+    reward = number("reward", bk.sample_reward)
+
+    observation = bk.build_block(tokenizer, [state], verify=max(verify, 1000))
+    chat = chat_pieces(tokenizer)
+    intro = intro_text(template, env.instructions, env.action_names, max_actions_per_turn)
+    turn_parts = _split(template.turn.replace("{max_tokens}", str(max_tokens)),
+                        {"turn": turn, "state": state, "actions_left": left})
+    first = bk.build_block(tokenizer, [chat["start"] + template.system + chat["system_to_user"] + intro,
+                                       *turn_parts, chat["user_to_assistant"]], verify=verify)
+    later = bk.build_block(tokenizer, [chat["assistant_to_user"], *_split(template.reward, {"reward": reward}),
+                                       *turn_parts, chat["user_to_assistant"]], verify=verify)
+    encode = lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    parser = build_parser(token_byte_table(tokenizer), env.action_names, think=template.think,
+                          separator=template.action_sep, max_actions=max_actions_per_turn,
+                          max_bytes=max_reply_bytes)
+    return Codec(observation=observation, first=first, later=later, parser=parser,
+                 closing_ids=encode(chat["closing"]), forced_prefix_ids=encode(template.forced_prefix),
+                 template=template, grid_shape=(rows, cols), newline_id=len(symbols))
+
+
+def _over_leading(fn, extra: int, *args):
+    """Applies a one-row function over `extra` leading batch axes of every argument."""
+    for _ in range(extra):
+        fn = jax.vmap(fn)
+    return fn(*args)
+
+
+def _split(text: str, slots: dict[str, bk.Slot]) -> list[str | bk.Slot]:
+    """"a {x} b" -> ["a ", slots["x"], " b"] (fields other than `slots` are an error)."""
+    parts: list[str | bk.Slot] = []
+    rest = text
+    while "{" in rest:
+        head, _, tail = rest.partition("{")
+        name, _, rest = tail.partition("}")
+        if name not in slots:
+            raise ValueError(f"unknown field {{{name}}} in template text {text!r}; expected {sorted(slots)}")
+        parts += [head, slots[name]]
+    return parts + [rest]
