@@ -115,12 +115,21 @@ def truncated_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int 
 
 
 def sample_tokens(key: jax.Array, logits: jax.Array, options: SamplingOptions) -> jax.Array:
-    """One token per row: logits [B, V] float32 -> [B] int32."""
+    """One token per row: logits [B, V] float32 -> [B] int32.
+
+    Draws by inverting the CDF with one uniform per row: on CPU this is ~20x faster than
+    `jax.random.categorical`, whose Gumbel trick needs V random numbers per row.
+    """
     if options.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     x = truncated_logits(logits, temperature=options.temperature, top_k=options.top_k,
                          top_p=options.top_p)
-    return jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+    cdf = jnp.cumsum(jax.nn.softmax(x, axis=-1), axis=-1)  # [B, V]; flat over -inf tokens
+    u = jax.random.uniform(key, (x.shape[0], 1)) * cdf[:, -1:]
+    # The first index with cdf > u: a zero-probability token never is one (its cdf equals its
+    # predecessor's). Rounding can leave u >= cdf[-1]; the argmax stands in then.
+    index = jnp.sum(cdf <= u, axis=-1)
+    return jnp.where(index < x.shape[-1], index, jnp.argmax(x, axis=-1)).astype(jnp.int32)
 
 
 def token_logprob(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0) -> jax.Array:
@@ -215,8 +224,9 @@ def generate_pure(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids: jax.Arr
         active = s["reason"] == StopReason.RUNNING
         token = sample_tokens(jax.random.fold_in(key, i), logits, options)
         token = jnp.where(active, token, options.pad_id)
-        logp = jnp.where(active, token_logprob(logits, token, options.temperature), 0.0)
         policy_logp = jnp.where(active, token_logprob(logits, token), 0.0)
+        logp = policy_logp if options.temperature == 1.0 else jnp.where(
+            active, token_logprob(logits, token, options.temperature), 0.0)
         reason = s["reason"]
         if options.stop:
             hit, tail = advance_stop_tail(s["tail"], token, *token_bytes, options.stop)

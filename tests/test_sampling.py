@@ -98,12 +98,16 @@ def test_truncated_logits_match_numpy(temperature, top_k, top_p):
             assert p[keep].sum() - p[keep].min() < top_p
 
 
-def test_sampling_frequencies_follow_the_truncated_softmax():
-    logits = jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05]))
-    batch = jnp.tile(logits, (20000, 1))
-    options = SamplingOptions(max_new_tokens=1, top_p=0.8)  # keeps {0, 1}: 0.5 < 0.8 <= 0.8
-    counts = np.bincount(np.asarray(sample_tokens(jax.random.key(3), batch, options)), minlength=4)
-    np.testing.assert_allclose(counts / counts.sum(), [0.625, 0.375, 0, 0], atol=0.015)
+@pytest.mark.parametrize(("options", "expected"), [
+    (dict(), [0.5, 0.3, 0.15, 0.05]),
+    (dict(top_p=0.8), [0.625, 0.375, 0, 0]),  # 0.5 < 0.8 <= 0.5 + 0.3
+    (dict(temperature=0.5, top_k=3), np.array([0.25, 0.09, 0.0225, 0]) / 0.3625),
+])
+def test_sampling_frequencies_follow_the_truncated_softmax(options, expected):
+    batch = jnp.tile(jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05])), (20000, 1))
+    tokens = sample_tokens(jax.random.key(3), batch, SamplingOptions(max_new_tokens=1, **options))
+    counts = np.bincount(np.asarray(tokens), minlength=4)
+    np.testing.assert_allclose(counts / counts.sum(), expected, atol=0.015)
 
 
 def test_low_temperature_is_greedy_and_logprobs_match_numpy():
