@@ -8,6 +8,9 @@ pre-tokenization differs from SmolLM2's GPT-2 style one.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -46,3 +49,11 @@ def qwen_style_tokenizer(symbol_sets: list[tuple[str, ...]], extra: list[str], *
     tok.train_from_iterator(_corpus(symbol_sets, extra, seed), trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=CHATML, eos_token="<|im_end|>",
                                    pad_token="<|endoftext|>", additional_special_tokens=list(SPECIAL[1:]))
+
+
+@functools.cache
+def smollm2_tokenizer() -> Any:
+    """The embedded SmolLM2 tokenizer (tiny-random's too), loaded once per process."""
+    from starpo_jax.models.loading import load_pretrained
+
+    return load_pretrained("tiny-random")[1]
