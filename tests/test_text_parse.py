@@ -29,8 +29,24 @@ def table(tok):
     return token_byte_table(tok)
 
 
-def _parsers(table):
-    return {think: build_parser(table, NAMES, think=think, max_actions=3, max_bytes=512) for think in (True, False)}
+ROWS = 256  # every call uses [ROWS, T] so each mode compiles once
+
+
+@pytest.fixture(scope="module")
+def run(table):
+    """run(texts or (ids, lengths), think) -> host ParsedReply, in [ROWS, T] chunks."""
+    fns = {think: jax.jit(lambda i, n, p=build_parser(table, NAMES, think=think, max_actions=3, max_bytes=512):
+                          parse(p, i, n)) for think in (True, False)}
+
+    def call(ids, lengths, think):
+        count = ids.shape[0]
+        pad = -count % ROWS
+        ids = np.concatenate([ids, np.zeros((pad, T), np.int32)])
+        lengths = np.concatenate([lengths, np.zeros((pad,), np.int32)])
+        outs = [jax.device_get(fns[think](ids[i: i + ROWS], lengths[i: i + ROWS])) for i in range(0, len(ids), ROWS)]
+        return jax.tree.map(lambda *x: np.concatenate(x)[:count], *outs)
+
+    return call
 
 
 def _batch(tok, texts):
@@ -40,7 +56,7 @@ def _batch(tok, texts):
         enc = tok.encode(text, add_special_tokens=False)[:T]
         ids[i, : len(enc)] = enc
         lengths[i] = len(enc)
-    return jnp.asarray(ids), jnp.asarray(lengths)
+    return ids, lengths
 
 
 # (reply, think mode, expected action ids, expected format_ok); max_actions = 3.
@@ -71,22 +87,19 @@ CASES = [
 ]
 
 
-def test_parse_table(tok, table):
-    parsers = _parsers(table)
+def test_parse_table(tok, run):
     for think in (True, False):
         rows = [c for c in CASES if c[1] == think]
-        ids, lengths = _batch(tok, [c[0] for c in rows])
-        out = jax.jit(lambda i, n, p=parsers[think]: parse(p, i, n))(ids, lengths)
+        out = run(*_batch(tok, [c[0] for c in rows]), think)
         for row, (text, _, actions, ok) in enumerate(rows):
             got = np.asarray(out.actions[row])[: int(out.num_actions[row])].tolist()
             assert (got, bool(out.format_ok[row])) == (actions, ok), text
             assert reference_parse(text.encode(), NAMES, think=think, max_actions=3) == (actions, ok), text
 
 
-def test_think_tokens_count_the_think_content(tok, table):
+def test_think_tokens_count_the_think_content(tok, run):
     text = "<think>one two three</think><answer>Up</answer>"
-    ids, lengths = _batch(tok, [text])
-    out = parse(_parsers(table)[True], ids, lengths)
+    out = run(*_batch(tok, [text]), True)
     enc = tok.encode(text, add_special_tokens=False)
     offsets = np.cumsum([len(tok.decode([t]).encode()) for t in enc])
     starts = offsets - [len(tok.decode([t]).encode()) for t in enc]
@@ -111,24 +124,20 @@ def _grammar_reply(rng: np.random.Generator) -> str:
 
 
 @pytest.mark.parametrize("think", [True, False])
-def test_matches_reference_on_random_replies(tok, table, think):
+def test_matches_reference_on_random_replies(tok, run, think):
     rng = np.random.default_rng(int(think))
-    parser = _parsers(table)[think]
-    fn = jax.jit(lambda i, n: parse(parser, i, n))
     texts = [_grammar_reply(rng) for _ in range(5000)]
-    ids, lengths = _batch(tok, texts)
-    out = jax.device_get(fn(ids, lengths))
+    out = run(*_batch(tok, texts), think)
     for row, text in enumerate(texts):
         got = (out.actions[row][: out.num_actions[row]].tolist(), bool(out.format_ok[row]))
         assert got == reference_parse(text.encode(), NAMES, think=think, max_actions=3), text
 
 
-def test_random_token_sequences_stay_in_range(table):
-    parser = _parsers(table)[True]
-    key = jax.random.PRNGKey(0)
-    ids = jax.random.randint(key, (256, T), -5, table.vocab_size + 5)
-    lengths = jax.random.randint(jax.random.fold_in(key, 1), (256,), 0, T + 1)
-    out = jax.jit(lambda i, n: parse(parser, i, n))(ids, lengths)
+def test_random_token_sequences_stay_in_range(table, run):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(-5, table.vocab_size + 5, (ROWS, T)).astype(np.int32)
+    lengths = rng.integers(0, T + 1, (ROWS,)).astype(np.int32)
+    out = run(ids, lengths, True)
     assert np.all((out.actions >= 0) & (out.actions < len(NAMES)))
     assert np.all((out.num_actions >= 0) & (out.num_actions <= 3))
     assert np.all((out.think_tokens >= 0) & (out.think_tokens <= lengths))
