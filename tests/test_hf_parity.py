@@ -104,13 +104,25 @@ def test_load_pretrained_reads_directory_with_tokenizer(tmp_path):
     original = PreTrainedTokenizerFast(tokenizer_object=tok)
     original.save_pretrained(tmp_path)
 
-    model, tokenizer = load_pretrained(tmp_path, dtype="bfloat16")
+    model, tokenizer = load_pretrained(tmp_path, dtype="bfloat16", value_head=True)
     assert model.config.dtype == model.config.param_dtype == "bfloat16"
     assert model.layers.q_proj[...].dtype == jnp.bfloat16
+    assert model.value_head[...].shape == (SMALL["hidden_size"],)
     text = "<answer> Left || Up </answer>"
     ids = tokenizer(text)["input_ids"]
     assert ids == original(text)["input_ids"] and len(ids) > 3
     assert tokenizer.decode(ids) == text
+
+
+def test_value_head_taken_from_score_tensors(saved):
+    cfg, tensors = load_hf_directory(saved)
+    score = np.random.RandomState(0).standard_normal((1, cfg.hidden_size)).astype(np.float32)
+    tensors = {**tensors, "score.weight": score, "score.bias": np.array([0.5], np.float32)}
+    critic = model_from_hf_tensors(cfg, tensors, value_head=True)
+    np.testing.assert_array_equal(np.asarray(critic.value_head[...]), score[0])
+    assert float(critic.value_bias[...]) == 0.5
+    with pytest.raises(ValueError, match="does not use: score.bias, score.weight"):
+        model_from_hf_tensors(cfg, tensors)  # a policy has no value head to put them in
 
 
 # ---- errors: each bad input -> a message that names the problem ----

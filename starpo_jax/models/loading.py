@@ -12,8 +12,12 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 TINY_RANDOM_NAME = "tiny-random"
 
 
-def load_pretrained(source: str | os.PathLike, dtype: str = "float32") -> tuple[Decoder, Any]:
+def load_pretrained(source: str | os.PathLike, dtype: str = "float32", *,
+                    value_head: bool = False) -> tuple[Decoder, Any]:
     """Loads a model and its tokenizer; `dtype` sets both compute and parameter dtype.
+
+    value_head=True adds the scalar value head of a critic (freshly initialised unless the
+    checkpoint has one; see `model_from_hf_tensors`).
 
     source: a local Hugging Face directory (config.json + safetensors; tokenizer via transformers'
     AutoTokenizer from the same directory), a path ending in ".gguf", the name
@@ -28,22 +32,23 @@ def load_pretrained(source: str | os.PathLike, dtype: str = "float32") -> tuple[
         from starpo_jax.models.params import load_hf_directory, model_from_hf_tensors
 
         config, tensors = load_hf_directory(path, dtype=dtype, param_dtype=dtype)
-        return model_from_hf_tensors(config, tensors), AutoTokenizer.from_pretrained(str(path))
+        return (model_from_hf_tensors(config, tensors, value_head=value_head),
+                AutoTokenizer.from_pretrained(str(path)))
     if str(source).endswith(".gguf"):
         if not path.is_file():
             raise FileNotFoundError(f"no GGUF file at {str(source)!r}")
         from starpo_jax.models.gguf import load_gguf
 
-        return load_gguf(path, dtype)
+        return load_gguf(path, dtype, value_head=value_head)
     if source == EMBEDDED_NAME:
         from starpo_jax.models.embedded import embedded_gguf_path
         from starpo_jax.models.gguf import load_gguf
 
-        return load_gguf(embedded_gguf_path(), dtype)
+        return load_gguf(embedded_gguf_path(), dtype, value_head=value_head)
     if source == TINY_RANDOM_NAME:
         from starpo_jax.models.embedded import tiny_random
 
-        return tiny_random(dtype)
+        return tiny_random(dtype, value_head=value_head)
     raise FileNotFoundError(
         f"cannot load model {str(source)!r}: no such directory, and not a .gguf path or a known "
         f"name; accepted: a Hugging Face model directory (config.json + *.safetensors), a path to "
