@@ -47,7 +47,7 @@ class Sokoban(TextEnv[State, Observation]):
         player on target (constants.SYMBOLS or NEW_VOCAB_SYMBOLS).
       max_gen_attempts: cap on rounds of level draws before the fixed fallback level.
       num_playouts, playout_length: the generator's reverse search (defaults calibrated to the
-        original's difficulty; playout_length defaults to min(search_depth - 2, 30)).
+        original's difficulty; playout_length defaults to min(search_depth - 2, 40)).
       attempts_per_round: level candidates drawn side by side per retry round.
     """
 
@@ -61,7 +61,7 @@ class Sokoban(TextEnv[State, Observation]):
         search_depth: int = 300,
         symbols: tuple[str, ...] = c.SYMBOLS,
         max_gen_attempts: int = 64,
-        num_playouts: int = 32,
+        num_playouts: int = 16,
         playout_length: int | None = None,
         attempts_per_round: int = 1,
     ):
@@ -87,7 +87,7 @@ class Sokoban(TextEnv[State, Observation]):
                 f"{', '.join(c.SYMBOL_MEANINGS)}; got {symbols!r}"
             )
         if playout_length is None:
-            playout_length = min(search_depth - 2, 30)
+            playout_length = min(search_depth - 2, 40)
         self.generator_config = GeneratorConfig(
             dim_room=(rows, cols),
             num_boxes=num_boxes,
