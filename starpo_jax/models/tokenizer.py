@@ -105,7 +105,10 @@ def build_bpe_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
             raise ValueError(f"malformed GGUF merge {merge!r}: expected 'left right'")
         merges.append((pair[0], pair[1]))
 
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    try:
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    except Exception as error:  # tokenizers raises a bare Exception for an inconsistent BPE
+        raise ValueError(f"GGUF tokenizer merges and tokens disagree: {error}") from error
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[pre]()
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(
