@@ -1,0 +1,221 @@
+"""Sampler and training-step throughput of SmolLM2-135M: starpo-jax vs transformers + torch.
+
+Prints one markdown table. Both sides run in this process on the same weights (the embedded
+GGUF, dequantised to float32), the same prompts and the same thread count, and each figure is
+also given as a fraction of the machine's f32 matmul peak measured in the same run.
+
+    python experiments/bench_sampler.py            # batches 1, 8, 32, 128 (~15-30 min on 2 cores)
+    python experiments/bench_sampler.py --quick    # smoke run (small shapes)
+
+Every timed phase is run once untimed first (compilation, and first touch of fresh memory,
+which is slow on these VMs); the JAX sampler then reuses its KV cache by donation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from starpo_jax.models import KVCache, load_pretrained  # noqa: E402
+from starpo_jax.models.embedded import embedded_gguf_path  # noqa: E402
+from starpo_jax.sampling import SamplingOptions, _generate_jit  # noqa: E402
+
+
+def transformers_gguf_model(path: Path) -> torch.nn.Module:
+    """transformers' Llama on the GGUF's weights, dequantised by transformers' own GGUF loader.
+
+    This is what `from_pretrained(dir, gguf_file=...)` does, minus its demand for `accelerate`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.initialization import no_init_weights
+
+    hf_logging.disable_progress_bar()
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with no_init_weights():  # every weight is overwritten below
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict(tensors, strict=False)
+    model.tie_weights()
+    return model.eval()
+
+
+def best_time(fn: Callable[[], Any], reps: int) -> float:
+    """Smallest wall time of `reps` calls of fn (which must block until its result is ready)."""
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def matmul_peak(n: int, reps: int) -> tuple[float, float]:
+    """FLOP/s of an [n, n] @ [n, n] f32 matmul in jax and in torch."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
+    mm = jax.jit(lambda a: a @ a)
+    mm(x).block_until_ready()
+    t_jax = best_time(lambda: mm(x).block_until_ready(), reps)
+    y = torch.from_numpy(np.array(x))
+    y @ y
+    t_torch = best_time(lambda: y @ y, reps)
+    flops = 2.0 * n**3
+    return flops / t_jax, flops / t_torch
+
+
+def jax_generation(model, prompts: np.ndarray, new_tokens: int, reps: int) -> tuple[float, float]:
+    """(compile seconds, best seconds per generate call) of the starpo-jax sampler."""
+    b, t = prompts.shape
+    options = SamplingOptions(max_new_tokens=new_tokens, temperature=1.0)  # no EOS: full budget
+    graphdef, params = nnx.split(model)
+    ids, lengths = jnp.asarray(prompts), jnp.full((b,), t, jnp.int32)
+    cache = KVCache.init(model.config, b, t + new_tokens)
+    start = time.perf_counter()
+    compiled = _generate_jit.lower(graphdef, params, ids, lengths, jax.random.key(0), cache, None,
+                                   options).compile()
+    compile_s = time.perf_counter() - start
+    state = {"cache": cache, "step": 0}
+
+    def run() -> None:
+        # An emptied cache (end = 0) is a fresh one: slots >= end are never read. Donating it
+        # lets every call write into the same buffers.
+        empty = state["cache"].replace(end=jnp.zeros((b,), jnp.int32))
+        state["step"] += 1
+        out = compiled(params, ids, lengths, jax.random.key(state["step"]), empty, None)
+        out.tokens.block_until_ready()
+        assert int(out.lengths.min()) == new_tokens
+        state["cache"] = out.cache
+
+    run()
+    return compile_s, best_time(run, reps)
+
+
+def torch_generation(model, prompts: np.ndarray, new_tokens: int, reps: int, pad_id: int) -> float:
+    """Best seconds per `generate` call of transformers (sampling, EOS suppressed)."""
+    ids = torch.from_numpy(prompts.astype(np.int64))
+    mask = torch.ones_like(ids)
+
+    def run() -> None:
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, pad_token_id=pad_id)
+        assert out.shape[1] == prompts.shape[1] + new_tokens
+
+    run()
+    return best_time(run, reps)
+
+
+def jax_train_step(model, batch: np.ndarray, reps: int) -> tuple[float, float]:
+    """(compile seconds, best seconds) of loss + gradients, loss = mean next-token cross-entropy."""
+    graphdef, params = nnx.split(model)
+
+    def loss_fn(params: nnx.State, ids: jax.Array) -> jax.Array:
+        logits = nnx.merge(graphdef, params)(ids[:, :-1])
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
+
+    ids = jnp.asarray(batch)
+    start = time.perf_counter()
+    step = jax.jit(jax.value_and_grad(loss_fn)).lower(params, ids).compile()
+    compile_s = time.perf_counter() - start
+    run = lambda: jax.block_until_ready(step(params, ids))  # noqa: E731
+    run()
+    return compile_s, best_time(run, reps)
+
+
+def torch_train_step(model, batch: np.ndarray, reps: int) -> float:
+    ids = torch.from_numpy(batch.astype(np.int64))
+
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+
+    run()
+    return best_time(run, reps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes, one rep: a smoke run")
+    parser.add_argument("--batches", type=int, nargs="+", default=None)
+    parser.add_argument("--skip-torch", action="store_true")
+    args = parser.parse_args()
+    quick = args.quick
+    batches = args.batches or ([1, 4] if quick else [1, 8, 32, 128])
+    prompt_len, new_tokens = (32, 16) if quick else (150, 64)
+    train_shape = (2, 128) if quick else (8, 512)
+    reps = 1 if quick else 2
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(cores)
+
+    print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
+          f"{cores} cores, torch threads {torch.get_num_threads()}")
+    print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; allocators: defaults of both "
+          "(XLA_PYTHON_CLIENT_PREALLOCATE only concerns GPUs); JAX reuses its KV cache by "
+          "donation, transformers grows a DynamicCache per call; one untimed warm-up run each")
+
+    peak_jax, peak_torch = matmul_peak(512 if quick else 2048, 3)
+    peak = max(peak_jax, peak_torch)
+
+    model, tokenizer = load_pretrained("smollm2-135m-instruct")
+    n_params = model.config.num_params
+    vocab = model.config.vocab_size
+    hf_model = None
+    if not args.skip_torch:
+        hf_model = transformers_gguf_model(embedded_gguf_path())
+    rng = np.random.default_rng(0)
+    rows: list[tuple[str, float, float | None, str, float]] = []  # name, jax, torch, unit, flops
+
+    for b in batches:
+        prompts = rng.integers(100, vocab, (b, prompt_len)).astype(np.int32)
+        compile_s, t_jax = jax_generation(model, prompts, new_tokens, reps)
+        t_torch = (torch_generation(hf_model, prompts, new_tokens, reps, tokenizer.eos_token_id)
+                   if hf_model is not None else None)
+        flops = 2.0 * n_params * b * (prompt_len + new_tokens)
+        tokens = b * new_tokens
+        rows.append((f"generate B={b} ({prompt_len}+{new_tokens} tok), generated tok/s",
+                     tokens / t_jax, t_torch and tokens / t_torch, "tok/s", flops / tokens))
+        if b == batches[min(2, len(batches) - 1)]:
+            rows.append((f"compile prefill+decode B={b}, s", compile_s, None, "s", 0.0))
+
+    batch = rng.integers(100, vocab, (train_shape[0], train_shape[1] + 1)).astype(np.int32)
+    compile_s, t_jax = jax_train_step(model, batch, reps)
+    t_torch = torch_train_step(hf_model.train(), batch, reps) if hf_model is not None else None
+    tokens = train_shape[0] * train_shape[1]
+    rows.append((f"train fwd+bwd {train_shape[0]}x{train_shape[1]}, tok/s", tokens / t_jax,
+                 t_torch and tokens / t_torch, "tok/s", 6.0 * n_params))
+    rows.append(("compile fwd+bwd, s", compile_s, None, "s", 0.0))
+
+    print(f"\nSmolLM2-135M ({n_params / 1e6:.1f} M params, float32). f32 matmul peak: "
+          f"jax {peak_jax / 1e9:.1f} GFLOP/s, torch {peak_torch / 1e9:.1f} GFLOP/s; "
+          f"fractions below are of the larger ({peak / 1e9:.1f}).\n")
+    print("| phase | starpo-jax | transformers | jax / torch | jax % peak | torch % peak |")
+    print("|---|---|---|---|---|---|")
+    for name, jx, th, unit, flops_per_token in rows:
+        if unit == "s":
+            print(f"| {name} | {jx:.1f} | | | | |")
+            continue
+        ratio = f"{jx / th:.2f}x" if th else ""
+        frac = lambda rate: f"{100 * rate * flops_per_token / peak:.1f}%" if rate else ""  # noqa: E731
+        print(f"| {name} | {jx:.1f} | {f'{th:.1f}' if th else ''} | {ratio} | {frac(jx)} | "
+              f"{frac(th)} |")
+
+
+if __name__ == "__main__":
+    main()
