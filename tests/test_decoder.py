@@ -171,6 +171,18 @@ def test_jit_with_params_as_arguments_matches_eager(model):
     np.testing.assert_allclose(forward(state, ids), _forward(model, ids), atol=1e-5)
 
 
+def test_remat_recomputes_layers_in_the_backward_pass(model):
+    ids = jnp.asarray(np.random.RandomState(6).randint(0, TINY.vocab_size, (2, 6)))
+    state = nnx.state(model)
+
+    def matmuls(config):  # lowering only: remat shows as the layer's matmuls run again
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))
+        loss = lambda s: nnx.merge(graphdef, s)(ids).sum()
+        return jax.jit(jax.grad(loss)).lower(state).as_text().count("stablehlo.dot_general")
+
+    assert matmuls(dataclasses.replace(TINY, remat=True)) > matmuls(TINY)
+
+
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_layers_compile_to_one_loop_whatever_the_depth(use_cache):
     counts = []
@@ -213,6 +225,64 @@ def test_bfloat16_runs_close_to_float32(model):
 def test_config_rejects_bad_values(change, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         dataclasses.replace(TINY, **change)
+
+
+# config.json files as Qwen2.5-0.5B-Instruct and SmolLM2-135M-Instruct ship them (transformers 4.x
+# style: top-level rope_theta), and a transformers 5 style one (rope_parameters).
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 896,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21,
+    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "use_sliding_window": False,
+    "vocab_size": 151936}
+SMOLLM2_135M = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu",
+    "hidden_size": 576, "initializer_range": 0.041666666666666664, "intermediate_size": 1536,
+    "max_position_embeddings": 8192, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3,
+    "rms_norm_eps": 1e-05, "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000,
+    "tie_word_embeddings": True, "vocab_size": 49152}
+
+
+@pytest.mark.parametrize("hf, expected", [
+    (QWEN25_05B, dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64,
+                      rope_theta=1e6, attention_bias=True, tie_word_embeddings=True)),
+    (SMOLLM2_135M, dict(num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=1e5,
+                        rms_norm_eps=1e-5, attention_bias=False, tie_word_embeddings=True)),
+    ({**SMOLLM2_135M, "rope_theta": None, "head_dim": 32, "tie_word_embeddings": False,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}},
+     dict(head_dim=32, rope_theta=5e5, tie_word_embeddings=False)),
+])
+def test_from_hf_config_reads_real_config_files(hf, expected):
+    config = ModelConfig.from_hf_config({k: v for k, v in hf.items() if v is not None},
+                                        dtype="bfloat16")
+    assert {k: getattr(config, k) for k in expected} == expected
+    assert config.dtype == "bfloat16" and config.param_dtype == "float32"
+
+
+def test_qwen25_parameter_count():
+    # Qwen2.5-0.5B is published as 0.49B parameters (tied embeddings counted once).
+    assert ModelConfig.from_hf_config(QWEN25_05B).num_params == 494_032_768
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(architectures=["GPT2LMHeadModel"]), "unsupported architecture ['GPT2LMHeadModel']"),
+    (dict(architectures=[], model_type="mistral"), "unsupported model_type 'mistral'"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "unsupported rope scaling 'yarn'"),
+    (dict(rope_interleaved=True), "rope_interleaved=True"),
+    (dict(mlp_bias=True), "mlp_bias=True"),
+    (dict(layer_types=["sliding_attention"] * 30), "unsupported layer_types ['sliding_attention']"),
+    (dict(num_attention_heads=0), "num_heads must be a positive int; got 0"),
+])
+def test_from_hf_config_rejects_unsupported(change, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig.from_hf_config({**SMOLLM2_135M, **change})
+
+
+def test_from_hf_config_rejects_unknown_override():
+    with pytest.raises(ValueError, match=re.escape("unknown ModelConfig override(s) ['dtyp']")):
+        ModelConfig.from_hf_config(SMOLLM2_135M, dtyp="bfloat16")
 
 
 @pytest.mark.parametrize("kwargs, message", [

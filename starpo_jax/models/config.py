@@ -46,6 +46,9 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype of matmuls (softmax and norms always run in float32)
     param_dtype: str = "float32"
     initializer_range: float = 0.02  # std of the normal init of fresh (random) weights
+    # Recompute each layer's activations in the backward pass instead of storing them
+    # (activation memory of one layer instead of all; about one extra forward of compute).
+    remat: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -115,6 +118,8 @@ class ModelConfig:
             raise ValueError("unsupported mlp_bias=True; only bias-free MLPs are implemented")
         if hf_config.get("use_sliding_window"):
             raise ValueError("unsupported use_sliding_window=True; only full attention is implemented")
+        if hf_config.get("rope_interleaved"):
+            raise ValueError("unsupported rope_interleaved=True; only the rotate_half layout")
         layer_types = set(hf_config.get("layer_types") or ["full_attention"])
         if layer_types != {"full_attention"}:
             raise ValueError(f"unsupported layer_types {sorted(layer_types)}; only 'full_attention'")
@@ -137,7 +142,8 @@ class ModelConfig:
             num_layers=hf_config["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=hf_config.get("num_key_value_heads") or num_heads,
-            head_dim=hf_config.get("head_dim") or hf_config["hidden_size"] // num_heads,
+            # (a bad num_heads is reported by __post_init__, not as a ZeroDivisionError here)
+            head_dim=hf_config.get("head_dim") or hf_config["hidden_size"] // max(num_heads, 1),
             rope_theta=float(rope_theta),
             rms_norm_eps=float(hf_config.get("rms_norm_eps", defaults["rms_norm_eps"])),
             attention_bias=bool(hf_config.get("attention_bias", bias_default)),

@@ -162,6 +162,8 @@ class LayerStack(nnx.Module):
         if kv is None:
             def body(h, w):
                 return attend_and_mlp(h, w, *attention_inputs(h, w)), None
+            if cfg.remat:
+                body = jax.checkpoint(body, prevent_cse=False)  # scan already blocks CSE
             h, _ = jax.lax.scan(body, h, weights)
             return h, None
 
