@@ -47,30 +47,29 @@ class RandomMapGenerator:
     def draw(self, key: chex.PRNGKey) -> tuple[chex.Array, chex.Array]:
         """One unchecked draw: tiles [S, S] int32 and start [2] int32."""
         n = self.size * self.size
-        k_tiles, k_start, k_goal = jax.random.split(key, 3)
-        holes = jax.random.uniform(k_tiles, (self.size, self.size)) >= self.p
-        start = jax.random.randint(k_start, (), 0, n)
+        # One uniform draw serves tiles, start and goal: each random call adds a PRNG hash to
+        # the compiled program, and compile time dominates small batches.
+        u = jax.random.uniform(key, (n + 2,))
+        start = jnp.minimum((u[n] * n).astype(jnp.int32), n - 1)
         # Uniform over the other n - 1 cells, as the original's redraw-until-distinct.
-        goal = jax.random.randint(k_goal, (), 0, n - 1)
+        goal = jnp.minimum((u[n + 1] * (n - 1)).astype(jnp.int32), n - 2)
         goal = goal + (goal >= start)
-        tiles = jnp.where(holes, HOLE, FROZEN).astype(jnp.int32).reshape(n)
+        tiles = jnp.where(u[:n] >= self.p, HOLE, FROZEN).astype(jnp.int32)
         tiles = tiles.at[start].set(FROZEN).at[goal].set(GOAL).reshape(self.size, self.size)
         return tiles, jnp.stack(jnp.divmod(start, self.size)).astype(jnp.int32)
 
     def __call__(self, key: chex.PRNGKey) -> State:
         map_key, state_key = jax.random.split(key)
 
-        def attempt(i: chex.Array) -> tuple[chex.Array, chex.Array, chex.Array]:
+        def attempt(carry: tuple) -> tuple:
+            i = carry[0]
             tiles, start = self.draw(jax.random.fold_in(map_key, i))
-            return tiles, start, has_path(tiles, start)
+            return i + 1, tiles, start, has_path(tiles, start)
 
-        def retry(carry: tuple) -> tuple:
-            i = carry[0] + 1
-            return (i, *attempt(i))
-
-        first = (jnp.int32(0), *attempt(jnp.int32(0)))
+        empty = jnp.zeros((self.size, self.size), jnp.int32)
+        first = (jnp.int32(0), empty, jnp.zeros(2, jnp.int32), jnp.bool_(False))
         _, tiles, start, found = jax.lax.while_loop(
-            lambda c: ~c[3] & (c[0] + 1 < self.max_tries), retry, first
+            lambda c: ~c[3] & (c[0] < self.max_tries), attempt, first
         )
         tiles = jnp.where(found, tiles, thaw_corridor(tiles, start))
         return State(
