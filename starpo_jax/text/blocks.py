@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from starpo_jax.text.symbol_bpe import SymbolBpe, build_symbol_bpe, encode_symbols
-from starpo_jax.text.templates import MAX_REWARD, format_reward
+from starpo_jax.text.templates import MAX_CENTS, MAX_REWARD, format_reward
 
 DIGITS = tuple("0123456789")
 NUMBER_SYMBOLS = (*DIGITS, "-", ".", "")
@@ -53,8 +53,8 @@ def int_symbols(value: jax.Array) -> jax.Array:
 
 def reward_symbols(reward: jax.Array) -> jax.Array:
     """[] float -> [_WHOLE_WIDTH + 4] ids into NUMBER_SYMBOLS spelling `format_reward(reward)`."""
-    clipped = jnp.clip(reward.astype(jnp.float32), -MAX_REWARD, MAX_REWARD)
-    cents = jnp.round(clipped * jnp.float32(100)).astype(jnp.int32)
+    clipped = jnp.clip(reward.astype(jnp.float32), -2 * MAX_REWARD, 2 * MAX_REWARD)
+    cents = jnp.clip(jnp.round(clipped * jnp.float32(100)).astype(jnp.int32), -MAX_CENTS, MAX_CENTS)
     magnitude = jnp.abs(cents)
     powers = 10 ** jnp.arange(_WHOLE_WIDTH - 1, -1, -1)
     whole = magnitude // 100

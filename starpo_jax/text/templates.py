@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 MAX_REWARD = 999_999.99
+MAX_CENTS = 99_999_999
 THINK, NO_THINK = "think", "nothink"
 
 _FORMAT_RULE = {
@@ -98,8 +99,8 @@ def default_template(mode: str = THINK) -> PromptTemplate:
 
 def reward_cents(reward: float) -> int:
     """round(reward * 100) exactly as the JAX side computes it (float32, half to even)."""
-    clipped = np.clip(np.float32(reward), -np.float32(MAX_REWARD), np.float32(MAX_REWARD))
-    return int(np.round(clipped * np.float32(100)))
+    clipped = np.clip(np.float32(reward), np.float32(-2 * MAX_REWARD), np.float32(2 * MAX_REWARD))
+    return int(np.clip(int(np.round(clipped * np.float32(100))), -MAX_CENTS, MAX_CENTS))
 
 
 def format_reward(reward: float) -> str:
