@@ -139,7 +139,8 @@ def test_every_generated_level_is_solvable_and_unsolved(generated):
 def test_generated_levels_are_well_formed(generated):
     _, env, _, _, states, ids, _ = generated
     walls, boxes, targets = (np.asarray(x) for x in (states.walls, states.boxes, states.targets))
-    assert (boxes.sum((1, 2)) == env.num_boxes).all() and (targets.sum((1, 2)) == env.num_boxes).all()
+    assert (boxes.sum((1, 2)) == env.num_boxes).all()
+    assert (targets.sum((1, 2)) == env.num_boxes).all()
     border = np.ones(env.dim_room, bool)
     border[1:-1, 1:-1] = False
     assert walls[:, border].all()

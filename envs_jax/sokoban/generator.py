@@ -104,7 +104,8 @@ def carve_room(key: chex.PRNGKey, dim_room: tuple[int, int]) -> chex.Array:
     rel_r = jnp.arange(h)[None, :, None] - pos[:, 0, None, None] + 1  # [S, H, 1]
     rel_c = jnp.arange(w)[None, None, :] - pos[:, 1, None, None] + 1  # [S, 1, W]
     inside = (rel_r >= 0) & (rel_r < 3) & (rel_c >= 0) & (rel_c < 3)
-    stamp = jnp.asarray(_MASKS)[mask_id[:, None, None], jnp.clip(rel_r, 0, 2), jnp.clip(rel_c, 0, 2)]
+    row_i, col_i = jnp.clip(rel_r, 0, 2), jnp.clip(rel_c, 0, 2)
+    stamp = jnp.asarray(_MASKS)[mask_id[:, None, None], row_i, col_i]
     floor = jnp.any(inside & stamp, axis=0)
     border = np.ones((h, w), bool)
     border[1:-1, 1:-1] = False
