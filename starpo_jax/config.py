@@ -1,0 +1,223 @@
+"""Static configuration of one StarPO / StarPO-S training step.
+
+Every config is a frozen, keyword-only dataclass (hashable: it parameterises compiled code) and
+validates itself in `__post_init__`, naming the field, the bad value and what would be valid.
+Defaults are the original's (RAGEN's) code defaults for StarPO-S; `TrainConfig.vanilla()` gives
+vanilla StarPO (KL 0.001, symmetric clip 0.2, no filter).
+
+    config = TrainConfig(algo="grpo", rollout=RolloutConfig(groups=8, group_size=16))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from starpo_jax.filtering import num_kept_groups
+
+ALGOS = ("ppo", "grpo")
+MODES = ("think", "nothink")
+FILTER_MODES = ("std", "std_rev")
+GRPO_MODES = ("mean_std", "mean", "none")
+REWARD_PLACEMENTS = ("trajectory", "turn")
+PPO_ESTIMATORS = ("gae", "bi_level_gae")
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+KL_KINDS = ("k1", "k3", "mse", "abs")
+
+
+def _fail(owner: str, name: str, value: Any, valid: str) -> None:
+    raise ValueError(f"{owner}.{name} = {value!r} is invalid; valid: {valid}")
+
+
+def _int(owner: str, name: str, value: Any, low: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        _fail(owner, name, value, f"an int >= {low}")
+
+
+def _number(owner: str, name: str, value: Any, low: float, high: float, *, low_open: bool = False,
+            high_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        _fail(owner, name, value, f"a number in {'(' if low_open else '['}{low}, {high}"
+                                  f"{')' if high_open else ']'}")
+
+
+def _choice(owner: str, name: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        _fail(owner, name, value, f"one of {options}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """How trajectories are sampled: P groups x N rollouts, up to max_turns turns each.
+
+    reply_tokens is the per-turn generation budget (forced prefix not counted); it is also the
+    "Max response length" the prompt announces. The token buffer of a row holds the first prompt
+    and max_turns x (forced prefix + reply + next environment message); its size is computed
+    from the codec by the rollout.
+    """
+
+    groups: int = 8  # P: initial states per step
+    group_size: int = 16  # N: rollouts per initial state
+    max_turns: int = 5
+    max_actions_per_turn: int = 5
+    max_actions_per_traj: int = 10
+    reply_tokens: int = 100
+    mode: str = "think"  # "think": replies start with <think>; "nothink": with <answer>
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    format_penalty: float = -0.1  # added to a turn's reward when its reply is badly formatted
+
+    def __post_init__(self) -> None:
+        o = "rollout"
+        for name in ("groups", "group_size", "max_turns", "max_actions_per_turn",
+                     "max_actions_per_traj", "reply_tokens"):
+            _int(o, name, getattr(self, name))
+        _choice(o, "mode", self.mode, MODES)
+        _number(o, "temperature", self.temperature, 0.0, 100.0, low_open=True)
+        _number(o, "top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _int(o, "top_k", self.top_k, low=0)
+        _number(o, "format_penalty", self.format_penalty, -100.0, 0.0)
+
+    @property
+    def batch_size(self) -> int:
+        """B = P * N trajectories per step."""
+        return self.groups * self.group_size
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FilterConfig:
+    """StarPO-S uncertainty filter: keep the top keep_ratio of groups by in-group reward std."""
+
+    keep_ratio: float = 0.25  # 1.0 = filter off
+    mode: str = "std"  # "std" keeps the most uncertain groups, "std_rev" the least
+
+    def __post_init__(self) -> None:
+        _number("filter", "keep_ratio", self.keep_ratio, 0.0, 1.0, low_open=True)
+        _choice("filter", "mode", self.mode, FILTER_MODES)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdvantageConfig:
+    """How advantages are estimated.
+
+    PPO uses `estimator` ("gae" or "bi_level_gae") with the critic; GRPO normalises trajectory
+    scores within each group (`grpo_mode`). `reward_placement`: the score sits on the last reply
+    token of the trajectory ("trajectory", the original's) or each turn's reward on the last
+    token of that turn ("turn").
+    """
+
+    estimator: str = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    gamma_turn: float = 0.95  # bi-level GAE's turn-level discount
+    grpo_mode: str = "mean_std"
+    reward_placement: str = "trajectory"
+    whiten: bool | None = None  # None: the estimator's own default (GAE yes, GRPO no)
+
+    def __post_init__(self) -> None:
+        o = "advantage"
+        _choice(o, "estimator", self.estimator, PPO_ESTIMATORS)
+        for name in ("gamma", "lam", "gamma_turn"):
+            _number(o, name, getattr(self, name), 0.0, 1.0)
+        _choice(o, "grpo_mode", self.grpo_mode, GRPO_MODES)
+        _choice(o, "reward_placement", self.reward_placement, REWARD_PLACEMENTS)
+        if self.whiten not in (None, True, False):
+            _fail(o, "whiten", self.whiten, "None, True or False")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """PPO losses: clip-higher surrogate, optional dual clip, value clip, entropy bonus, KL.
+
+    kl_coef = 0 removes the KL term entirely: no reference parameters are kept and no
+    reference forward is traced.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = 3.0
+    agg: str = "token_mean"
+    entropy_coef: float = 0.001
+    kl_coef: float = 0.0
+    kl_kind: str = "k3"
+    value_clip: float | None = 0.5
+
+    def __post_init__(self) -> None:
+        o = "loss"
+        _number(o, "clip_low", self.clip_low, 0.0, 1.0, high_open=True)
+        _number(o, "clip_high", self.clip_high, 0.0, 100.0)
+        if self.dual_clip is not None:
+            _number(o, "dual_clip", self.dual_clip, 1.0, 1e6, low_open=True)
+        _choice(o, "agg", self.agg, AGG_MODES)
+        _number(o, "entropy_coef", self.entropy_coef, 0.0, 10.0)
+        _number(o, "kl_coef", self.kl_coef, 0.0, 100.0)
+        _choice(o, "kl_kind", self.kl_kind, KL_KINDS)
+        if self.value_clip is not None:
+            _number(o, "value_clip", self.value_clip, 0.0, 1e6, low_open=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW for actor and critic, after global-norm clipping; PPO epochs and mini-batches.
+
+    rollout_reuse (Online-k): k update rounds on one rollout batch; each round recomputes the
+    old log-probs, values and advantages with the current parameters, then runs ppo_epochs
+    passes of `minibatches` mini-batch updates (k = 1 is the original's default and best).
+    """
+
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    ppo_epochs: int = 1
+    minibatches: int = 1
+    rollout_reuse: int = 1
+    logit_chunk: int = 128  # sequence positions per chunk when computing [*, V] logits
+
+    def __post_init__(self) -> None:
+        o = "optim"
+        for name in ("actor_lr", "critic_lr"):
+            _number(o, name, getattr(self, name), 0.0, 10.0, low_open=True)
+        _number(o, "weight_decay", self.weight_decay, 0.0, 10.0)
+        _number(o, "max_grad_norm", self.max_grad_norm, 0.0, 1e6, low_open=True)
+        for name in ("ppo_epochs", "minibatches", "rollout_reuse", "logit_chunk"):
+            _int(o, name, getattr(self, name))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Everything `make_train_step` needs besides the env, codec and model."""
+
+    algo: str = "ppo"
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    filter: FilterConfig = dataclasses.field(default_factory=FilterConfig)
+    advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+
+    def __post_init__(self) -> None:
+        _choice("config", "algo", self.algo, ALGOS)
+        for name, kind in (("rollout", RolloutConfig), ("filter", FilterConfig),
+                           ("advantage", AdvantageConfig), ("loss", LossConfig),
+                           ("optim", OptimConfig)):
+            if not isinstance(getattr(self, name), kind):
+                _fail("config", name, getattr(self, name), f"a {kind.__name__}")
+        rows = self.kept_groups * self.rollout.group_size
+        if rows % self.optim.minibatches:
+            _fail("optim", "minibatches", self.optim.minibatches,
+                  f"a divisor of the {rows} kept rows (kept groups x group_size)")
+
+    @property
+    def kept_groups(self) -> int:
+        """K kept groups per step (filtering.py's rule)."""
+        return num_kept_groups(self.rollout.groups, self.filter.keep_ratio)
+
+    def vanilla(self) -> TrainConfig:
+        """This config turned into vanilla StarPO: KL 0.001, symmetric clip 0.2, no filter."""
+        return dataclasses.replace(
+            self, filter=dataclasses.replace(self.filter, keep_ratio=1.0),
+            loss=dataclasses.replace(self.loss, kl_coef=0.001, clip_low=0.2, clip_high=0.2))

@@ -1,0 +1,227 @@
+"""The multi-turn rollout, inside jit: P initial states x N trajectories, up to max_turns turns.
+
+    out = rollout(graphdef, params, env, codec, config, key, eos_id=2, pad_id=2)
+
+One row b = p * N + n (group-major) per trajectory. Each row owns a token buffer [L] and a KV
+cache of L slots that always hold the same tokens. Turn 1's prompt (system + first user message
++ assistant header) is prefilled once per group and the cache copied to its N rows. Then, with
+`lax.scan` over turns (compile time does not grow with max_turns), each turn:
+  1. prefills the forced prefix ("<think>" / "<answer>") and samples the reply with the sampler
+     (per-turn budget, stop at "</answer>", EOS);
+  2. parses it and takes up to max_actions_per_turn env steps (a masked scan; the episode end and
+     max_actions_per_traj stop it; a turn with no valid action does not step);
+  3. records the turn's reward (sum of env rewards) and format penalty;
+  4. if any row goes on, prefills the next environment message (reward + next state) for it.
+Rows whose episode ended, or whose action budget is spent, take no further turns. A reply that
+ended with EOS already holds the template's end-of-turn token, so the next message's copy of it
+is skipped. Only the sampled tokens are in the loss mask: not the template, env text or prefix.
+Inactive rows still run through the sampler (shapes are static) but nothing of theirs is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from starpo_jax.config import RolloutConfig
+from starpo_jax.models.cache import KVCache
+from starpo_jax.sampling import SamplingOptions, generate_pure
+from starpo_jax.text.codec import Codec
+from starpo_jax.text.parse import stop_strings
+
+
+class Rollout(flax.struct.PyTreeNode):
+    """A batch of B = P * N trajectories (T = max_turns, L = buffer length)."""
+
+    tokens: jax.Array  # [B, L] int32, pad_id after `lengths`
+    lengths: jax.Array  # [B] int32 tokens in the buffer
+    loss_mask: jax.Array  # [B, L] bool, the model's sampled tokens
+    turn_ids: jax.Array  # [B, L] int32 turn index (0-based) of sampled tokens, -1 elsewhere
+    behaviour_logp: jax.Array  # [B, L] float32 sampler's log-prob (temperature 1) of sampled tokens
+    turn_rewards: jax.Array  # [B, T] float32 sum of env rewards of each turn
+    format_penalties: jax.Array  # [B, T] float32 penalty (<= 0) of badly formatted turns
+    turn_taken: jax.Array  # [B, T] bool the row took this turn
+    format_ok: jax.Array  # [B, T] bool
+    think_tokens: jax.Array  # [B, T] int32
+    reply_lengths: jax.Array  # [B, T] int32 sampled tokens (forced prefix not counted)
+    success: jax.Array  # [B] bool
+    num_actions: jax.Array  # [B] int32 env steps taken
+    effective_actions: jax.Array  # [B] int32 steps that changed the state
+
+    @property
+    def scores(self) -> jax.Array:
+        """[B] trajectory score with the format penalties (what GRPO / GAE optimise)."""
+        return jnp.sum(self.turn_rewards + self.format_penalties, axis=-1)
+
+    @property
+    def scores_without_penalty(self) -> jax.Array:
+        """[B] summed env rewards (what the uncertainty filter ranks groups by)."""
+        return jnp.sum(self.turn_rewards, axis=-1)
+
+
+def buffer_length(codec: Codec, config: RolloutConfig) -> int:
+    """L: room for the first prompt and max_turns x (prefix + reply + next message), static."""
+    widths = _prompt_widths(codec)
+    per_turn = len(codec.forced_prefix_ids) + config.reply_tokens
+    return widths[0] + config.max_turns * per_turn + (config.max_turns - 1) * widths[1]
+
+
+def _prompt_widths(codec: Codec) -> tuple[int, int]:
+    """Static padded widths of the first prompt and of a later environment message."""
+    symbols = jnp.zeros(codec.grid_shape, jnp.int32)
+    first = jax.eval_shape(codec.first_prompt, symbols, jnp.int32(0))[0].shape[-1]
+    later = jax.eval_shape(codec.next_prompt, jnp.int32(2), jnp.float32(0), symbols,
+                           jnp.int32(0))[0].shape[-1]
+    return first, later
+
+
+def _write(buffer: jax.Array, start: jax.Array, values: jax.Array, count: jax.Array) -> jax.Array:
+    """Writes values[b, :count[b]] at buffer[b, start[b]:]: [B, L], [B], [B, W], [B] -> [B, L]."""
+    b, width = values.shape
+    cols = start[:, None] + jnp.arange(width)
+    cols = jnp.where(jnp.arange(width) < count[:, None], cols, buffer.shape[1])  # dropped
+    return buffer.at[jnp.arange(b)[:, None], cols].set(values.astype(buffer.dtype), mode="drop")
+
+
+def _prefill(model: Any, ids: jax.Array, counts: jax.Array, cache: KVCache) -> KVCache:
+    """Appends ids[b, :counts[b]] to each row's cache (counts may be 0)."""
+    mask = jnp.arange(ids.shape[1]) < counts[:, None]
+    _, cache = model.hidden_states(jnp.maximum(ids, 0), attention_mask=mask, cache=cache)
+    return cache
+
+
+def _repeat_rows(tree: Any, n: int) -> Any:
+    """Repeats every row n times (row p -> rows p*n .. p*n+n-1) of a [P, ...] pytree."""
+    return jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), tree)
+
+
+def _repeat_cache(cache: KVCache, n: int) -> KVCache:
+    return KVCache(k=jnp.repeat(cache.k, n, axis=1), v=jnp.repeat(cache.v, n, axis=1),
+                   end=jnp.repeat(cache.end, n))
+
+
+def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken: jax.Array,
+               max_actions_per_traj: int):
+    """Up to A actions per row, stopping at the episode end or the trajectory's action budget.
+
+    state: batched env state [B]; actions [B, A] int32; count [B] int32 actions to try (0 for
+    inactive rows); taken [B] int32 actions already taken this trajectory.
+    Returns (state, reward [B], ended [B], success [B], steps [B], effective [B]).
+    """
+    b = actions.shape[0]
+
+    def one(carry, i):
+        state, reward, ended, success, steps, effective = carry
+        go = (i < count) & ~ended & (taken + steps < max_actions_per_traj)
+        new_state, ts = jax.vmap(env.step)(state, actions[:, i])
+        for name in ("success", "action_is_effective"):
+            if name not in ts.extras:
+                raise ValueError(f"{type(env).__name__}.step must report extras[{name!r}]")
+        state = jax.tree.map(
+            lambda new, old: jnp.where(go.reshape((b,) + (1,) * (new.ndim - 1)), new, old),
+            new_state, state)
+        carry = (state, reward + jnp.where(go, ts.reward, 0.0), ended | (go & ts.last()),
+                 jnp.where(go, ts.extras["success"], success), steps + go,
+                 effective + (go & ts.extras["action_is_effective"]))
+        return carry, None
+
+    zeros = jnp.zeros((b,), jnp.int32)
+    init = (state, jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool), jnp.zeros((b,), bool),
+            zeros, zeros)
+    carry, _ = jax.lax.scan(one, init, jnp.arange(actions.shape[1]))
+    return carry
+
+
+def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
+            config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int) -> Rollout:
+    """Samples B = groups * group_size trajectories (see the module docstring); jit-able.
+
+    graphdef, params = nnx.split(policy model); env: a TextEnv; codec: built for this env and the
+    model's tokenizer with the same max_actions_per_turn and mode; key: PRNG key.
+    """
+    model = nnx.merge(graphdef, params)
+    p, n, turns = config.groups, config.group_size, config.max_turns
+    b = p * n
+    length = buffer_length(codec, config)
+    prefix = jnp.asarray(codec.forced_prefix_ids, jnp.int32)
+    options = SamplingOptions(max_new_tokens=config.reply_tokens, temperature=config.temperature,
+                              top_p=config.top_p, top_k=config.top_k, stop=stop_strings(),
+                              eos_ids=(eos_id,), pad_id=pad_id)
+    token_bytes = (codec.parser.token_bytes, codec.parser.token_lengths)
+    reset_key, sample_key = jax.random.split(key)
+
+    # Turn 1's prompt is the same for the N rows of a group: prefill it once per group.
+    states, _ = jax.vmap(env.reset)(jax.random.split(reset_key, p))
+    symbols = jax.vmap(env.render_symbols)(states)
+    first_ids, first_n = codec.first_prompt(symbols, jnp.full((p,), config.max_actions_per_traj))
+    group_cache = _prefill(model, first_ids, first_n,
+                           KVCache.init(model.config, p, length))
+    cache = _repeat_cache(group_cache, n)
+    first_ids, first_n = jnp.repeat(first_ids, n, axis=0), jnp.repeat(first_n, n, axis=0)
+    states = _repeat_rows(states, n)
+
+    def turn(carry, k):
+        cache, buf, mask, tids, blogp, filled, states, active, taken, success, effective = carry
+        gen = generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, prefix.shape[0])),
+                            jnp.full((b,), prefix.shape[0], jnp.int32),
+                            jax.random.fold_in(sample_key, k), cache, token_bytes, options)
+        cache = gen.cache
+        kept = jnp.where(active, gen.lengths, 0)
+        f = prefix.shape[0]
+        buf = _write(buf, filled, jnp.broadcast_to(prefix, (b, f)), jnp.where(active, f, 0))
+        at = filled + f
+        buf = _write(buf, at, gen.tokens, kept)
+        mask = _write(mask, at, jnp.ones_like(gen.tokens, bool), kept)
+        tids = _write(tids, at, jnp.full_like(gen.tokens, k), kept)
+        blogp = _write(blogp, at, gen.policy_logprobs, kept)
+        filled = jnp.where(active, at + gen.lengths, filled)
+
+        reply = jnp.concatenate([jnp.broadcast_to(prefix, (b, f)), gen.tokens], axis=1)
+        parsed = codec.parse_reply(reply, f + gen.lengths)
+        states, reward, ended, won, steps, eff = _env_steps(
+            env, states, parsed.actions, jnp.where(active, parsed.num_actions, 0), taken,
+            config.max_actions_per_traj)
+        taken = taken + steps
+        success = jnp.where(steps > 0, won, success)
+        effective = effective + eff
+        penalty = jnp.where(active & ~parsed.format_ok, config.format_penalty, 0.0)
+        outputs = dict(reward=reward, penalty=penalty, taken=active, format_ok=parsed.format_ok & active,
+                       think=jnp.where(active, parsed.think_tokens, 0), reply=kept)
+        going = active & ~ended & (taken < config.max_actions_per_traj)
+
+        def next_message(args):
+            cache, buf, filled = args
+            ids, count = codec.next_prompt(jnp.full((b,), k + 2), reward,
+                                           jax.vmap(env.render_symbols)(states),
+                                           config.max_actions_per_traj - taken)
+            # A reply stopped by EOS already ends with the template's end-of-turn token.
+            last = jnp.take_along_axis(gen.tokens, jnp.maximum(gen.lengths - 1, 0)[:, None], 1)[:, 0]
+            skip = (gen.lengths > 0) & (last == eos_id) & (ids[:, 0] == eos_id)
+            ids = jnp.where(skip[:, None], jnp.roll(ids, -1, axis=1), ids)
+            count = jnp.where(going, count - skip, 0)
+            cache = _prefill(model, ids, count, cache)
+            return cache, _write(buf, filled, ids, count), filled + count
+
+        cache, buf, filled = jax.lax.cond(
+            jnp.any(going) & (k + 1 < turns), next_message, lambda args: args, (cache, buf, filled))
+        carry = (cache, buf, mask, tids, blogp, filled, states, going, taken, success, effective)
+        return carry, outputs
+
+    buf = _write(jnp.full((b, length), pad_id, jnp.int32), jnp.zeros((b,), jnp.int32),
+                 first_ids, first_n)
+    zeros_i = jnp.zeros((b,), jnp.int32)
+    init = (cache, buf, jnp.zeros((b, length), bool), jnp.full((b, length), -1, jnp.int32),
+            jnp.zeros((b, length), jnp.float32), first_n, states, jnp.ones((b,), bool), zeros_i,
+            jnp.zeros((b,), bool), zeros_i)
+    carry, per_turn = jax.lax.scan(turn, init, jnp.arange(turns))
+    _, buf, mask, tids, blogp, filled, _, _, taken, success, effective = carry
+    per_turn = jax.tree.map(lambda x: x.T, per_turn)  # [T, B] -> [B, T]
+    return Rollout(tokens=buf, lengths=filled, loss_mask=mask, turn_ids=tids, behaviour_logp=blogp,
+                   turn_rewards=per_turn["reward"], format_penalties=per_turn["penalty"],
+                   turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],
+                   think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],
+                   success=success, num_actions=taken, effective_actions=effective)

@@ -1,0 +1,286 @@
+"""The StarPO / StarPO-S training step: one compiled program per iteration.
+
+    state = init_train_state(config, key, model=model)
+    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id)
+    state, metrics = step(state, key)        # the state is donated: use the returned one
+
+Inside `step`: rollout (P x N trajectories) -> uncertainty filter on the summed env rewards
+(K of P groups kept, static shapes [K * N, L]) -> Online-k rounds of { one teacher-forced
+forward for old log-probs (and critic values), advantages from the registry, ppo_epochs x
+minibatches of AdamW updates (lax.scan) } -> a flat dict of float32 metrics. The reference
+forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
+Parameters are arguments of the compiled function, never constants inside it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from starpo_jax import advantages as adv_lib
+from starpo_jax.config import TrainConfig
+from starpo_jax.filtering import gather_group_rows, select_groups
+from starpo_jax.losses import aggregate, kl_penalty, policy_loss, token_entropy, value_loss
+from starpo_jax.models.decoder import Decoder
+from starpo_jax.rollout import Rollout, rollout
+from starpo_jax.text.codec import Codec
+
+Metrics = dict[str, jax.Array]
+
+
+class TrainState(flax.struct.PyTreeNode):
+    """Everything that changes between steps (critic fields None for GRPO, reference None when
+    kl_coef is 0)."""
+
+    actor: nnx.State
+    actor_opt: optax.OptState
+    critic: nnx.State | None
+    critic_opt: optax.OptState | None
+    reference: nnx.State | None
+    step: jax.Array  # [] int32
+
+
+def _optimizer(lr: float, config: TrainConfig) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(config.optim.max_grad_norm),
+                       optax.adamw(lr, weight_decay=config.optim.weight_decay))
+
+
+def _critic_graphdef(model: Decoder) -> nnx.GraphDef:
+    abstract = nnx.eval_shape(lambda: Decoder(model.config, rngs=nnx.Rngs(0), value_head=True))
+    return nnx.graphdef(abstract)
+
+
+def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> TrainState:
+    """A fresh TrainState: actor = `model`'s weights; for PPO a critic with the same trunk and a
+    new value head (initialised from `key`); a frozen copy as reference when kl_coef > 0."""
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  (no buffer shared: donation)
+    actor = copy(nnx.state(model))
+    critic = critic_opt = None
+    if config.algo == "ppo":
+        critic_model = Decoder(model.config, rngs=nnx.Rngs(key), value_head=True)
+        nnx.update(critic_model, actor)
+        critic = copy(nnx.state(critic_model))
+        critic_opt = _optimizer(config.optim.critic_lr, config).init(critic)
+    reference = copy(actor) if config.loss.kl_coef > 0 else None
+    return TrainState(actor=actor, actor_opt=_optimizer(config.optim.actor_lr, config).init(actor),
+                      critic=critic, critic_opt=critic_opt, reference=reference,
+                      step=jnp.int32(0))
+
+
+def sequence_logprobs(model: Decoder, tokens: jax.Array, lengths: jax.Array, chunk: int,
+                      ) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced log p(tokens[t] | tokens[:t]) and the entropy of that distribution.
+
+    tokens [B, L] int32, lengths [B] int32 -> (logp [B, L] float32, entropy [B, L] float32), both
+    0 at t = 0. Logits [B, chunk, V] are made one chunk of positions at a time and recomputed in
+    the backward pass, so [B, L, V] never exists.
+    """
+    b, length = tokens.shape
+    mask = jnp.arange(length) < lengths[:, None]
+    hidden = model.hidden_states(tokens, attention_mask=mask)
+    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1)
+    pad = -length % chunk
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    n = (length + pad) // chunk
+
+    @jax.checkpoint
+    def one(xs):
+        h, t = xs
+        logits = model.logits_from_hidden(h)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return jnp.take_along_axis(logp, t[..., None], axis=-1)[..., 0], token_entropy(logits)
+
+    split = lambda x: jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)  # noqa: E731
+    logp, entropy = jax.lax.map(one, (split(hidden), split(targets)))
+    merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, -1)[:, : length - 1]  # noqa: E731
+    zero = jnp.zeros((b, 1), jnp.float32)
+    return (jnp.concatenate([zero, merge(logp)], axis=1),
+            jnp.concatenate([zero, merge(entropy)], axis=1))
+
+
+def sequence_values(critic: Decoder, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+    """V of the context before each token: [B, L] int32, [B] -> [B, L] float32 (0 at t = 0)."""
+    mask = jnp.arange(tokens.shape[1]) < lengths[:, None]
+    values = critic.value(tokens, attention_mask=mask)
+    return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))
+
+
+def token_rewards(batch: Rollout, placement: str) -> jax.Array:
+    """Rewards (format penalties included) on reply tokens: [B, L] float32.
+
+    "trajectory": the score on the last reply token of the row; "turn": each turn's reward on
+    the last reply token of that turn.
+    """
+    positions = jnp.arange(batch.tokens.shape[1])
+    if placement == "trajectory":
+        last = jnp.max(jnp.where(batch.loss_mask, positions, -1), axis=1)
+        return jnp.where(positions == last[:, None], batch.scores[:, None], 0.0)
+    per_turn = batch.turn_rewards + batch.format_penalties  # [B, T]
+    nxt = jnp.pad(batch.turn_ids[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
+    ends = batch.loss_mask & (nxt != batch.turn_ids)
+    reward = jnp.take_along_axis(per_turn, jnp.maximum(batch.turn_ids, 0), axis=1)
+    return jnp.where(ends, reward, 0.0)
+
+
+def _advantages(config: TrainConfig, batch: Rollout, values: jax.Array | None):
+    a = config.advantage
+    inputs = adv_lib.AdvantageInputs(
+        token_rewards=token_rewards(batch, a.reward_placement), reply_mask=batch.loss_mask,
+        values=values, turn_ids=batch.turn_ids,
+        scores=batch.scores.reshape(-1, config.rollout.group_size))
+    params: dict[str, Any] = {} if a.whiten is None else {"whiten_advantages": a.whiten}
+    if config.algo == "grpo":
+        return adv_lib.get_advantage_estimator("grpo")(inputs, mode=a.grpo_mode, **params)
+    if a.estimator == "bi_level_gae":
+        params["gamma_turn"] = a.gamma_turn
+    return adv_lib.get_advantage_estimator(a.estimator)(inputs, gamma=a.gamma, lam=a.lam, **params)
+
+
+def _mean(x: jax.Array, where: jax.Array) -> jax.Array:
+    w = where.astype(jnp.float32)
+    return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def rollout_metrics(out: Rollout, kept: Rollout, group_std: jax.Array, kept_idx: jax.Array,
+                    ) -> Metrics:
+    """Rollout statistics (issue 6 names) from the whole batch and the filtered one."""
+    reward, kept_reward = out.scores_without_penalty, kept.scores_without_penalty
+    turns = out.turn_taken.sum(-1)
+    steps = out.num_actions
+    return {
+        "train/success": out.success.mean(),
+        "rollout/reward_mean": reward.mean(), "rollout/reward_std": reward.std(),
+        "rollout/kept_reward_mean": kept_reward.mean(), "rollout/kept_reward_std": kept_reward.std(),
+        "rollout/score_mean": out.scores.mean(),
+        "rollout/in_group_std_mean": group_std.mean(), "rollout/in_group_std_max": group_std.max(),
+        "rollout/chosen_in_group_std": group_std[kept_idx].mean(),
+        "rollout/response_length": _mean(out.reply_lengths, out.turn_taken),
+        "rollout/think_length": _mean(out.think_tokens, out.turn_taken),
+        "rollout/num_turns": turns.mean(),
+        "rollout/num_actions": steps.mean(),
+        "rollout/action_is_valid": _mean(out.format_ok, out.turn_taken),
+        "rollout/action_is_effective": out.effective_actions.sum() / jnp.maximum(steps.sum(), 1),
+        "rollout/format_penalty_rate": _mean(out.format_penalties < 0, out.turn_taken),
+    }
+
+
+def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,
+                    pad_id: int, mesh: jax.sharding.Mesh | None = None,
+                    ) -> Callable[[TrainState, jax.Array], tuple[TrainState, Metrics]]:
+    """The compiled step(train_state, key) -> (train_state, metrics); see the module docstring.
+
+    codec must be built for this env and tokenizer with config.rollout's mode,
+    max_actions_per_turn and reply_tokens (as max_tokens). With `mesh`, the step is jitted with
+    the partition rules of `sharding.py` (batch over "fsdp", weights by logical axes).
+    """
+    cfg, opt = config, config.optim
+    ppo = config.algo == "ppo"
+    actor_def = nnx.graphdef(model)
+    critic_def = _critic_graphdef(model) if ppo else None
+    actor_tx, critic_tx = _optimizer(opt.actor_lr, config), _optimizer(opt.critic_lr, config)
+    group = config.rollout.group_size
+    if mesh is not None:
+        from starpo_jax.sharding import constrain_batch
+        constrain = lambda tree: constrain_batch(tree, mesh)  # noqa: E731
+    else:
+        constrain = lambda tree: tree  # noqa: E731
+
+    def logprobs(params, batch):
+        return sequence_logprobs(nnx.merge(actor_def, params), batch.tokens, batch.lengths,
+                                 opt.logit_chunk)
+
+    def actor_loss(params, mb):
+        logp, entropy = logprobs(params, mb["rollout"])
+        mask = mb["rollout"].loss_mask
+        loss, stats = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, cfg.loss.clip_low,
+                                  cfg.loss.clip_high, cfg.loss.dual_clip, cfg.loss.agg)
+        ent = aggregate(entropy, mask, cfg.loss.agg)
+        aux = {"actor/pg_loss": loss, "actor/pg_clipfrac": stats.clipfrac_upper,
+               "actor/pg_clipfrac_lower": stats.clipfrac_lower, "actor/ppo_kl": stats.approx_kl}
+        total = loss - cfg.loss.entropy_coef * ent
+        if cfg.loss.kl_coef > 0:
+            kl = aggregate(kl_penalty(logp, mb["ref_logp"], cfg.loss.kl_kind), mask, cfg.loss.agg)
+            total, aux["actor/kl_loss"] = total + cfg.loss.kl_coef * kl, kl
+        return total, aux
+
+    def critic_loss(params, mb):
+        batch = mb["rollout"]
+        values = sequence_values(nnx.merge(critic_def, params), batch.tokens, batch.lengths)
+        loss, stats = value_loss(values, mb["old_values"], mb["returns"], batch.loss_mask,
+                                 cfg.loss.value_clip, cfg.loss.agg)
+        return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": stats.clipfrac,
+                      "critic/vf_explained_var": stats.explained_var,
+                      "critic/values_mean": stats.values_mean,
+                      "critic/returns_mean": stats.returns_mean}
+
+    def minibatch_update(state: TrainState, mb) -> tuple[TrainState, Metrics]:
+        grads, aux = jax.grad(actor_loss, has_aux=True)(state.actor, mb)
+        aux["actor/grad_norm"] = optax.global_norm(grads)
+        updates, actor_opt = actor_tx.update(grads, state.actor_opt, state.actor)
+        state = state.replace(actor=optax.apply_updates(state.actor, updates), actor_opt=actor_opt)
+        if ppo:
+            grads, critic_aux = jax.grad(critic_loss, has_aux=True)(state.critic, mb)
+            aux.update(critic_aux, **{"critic/grad_norm": optax.global_norm(grads)})
+            updates, critic_opt = critic_tx.update(grads, state.critic_opt, state.critic)
+            state = state.replace(critic=optax.apply_updates(state.critic, updates),
+                                  critic_opt=critic_opt)
+        return state, aux
+
+    def update_round(state: TrainState, key, batch: Rollout, ref_logp):
+        """Old log-probs / values with the current weights, advantages, then the PPO passes."""
+        old_logp, entropy = logprobs(state.actor, batch)
+        values = None
+        if ppo:
+            values = sequence_values(nnx.merge(critic_def, state.critic), batch.tokens,
+                                     batch.lengths)
+        advantages, returns = _advantages(config, batch, values)
+        data = {"rollout": batch, "old_logp": old_logp, "advantages": advantages}
+        if ppo:
+            data.update(old_values=values, returns=returns)
+        if ref_logp is not None:
+            data["ref_logp"] = ref_logp
+        rows = batch.tokens.shape[0]
+
+        def epoch(state, epoch_key):
+            order = jax.random.permutation(epoch_key, rows)
+            split = lambda x: constrain(x[order].reshape(opt.minibatches, -1, *x.shape[1:]))  # noqa: E731
+            return jax.lax.scan(minibatch_update, state, jax.tree.map(split, data))
+
+        state, aux = jax.lax.scan(epoch, state, jax.random.split(key, opt.ppo_epochs))
+        aux = jax.tree.map(jnp.mean, aux)
+        aux["actor/entropy"] = aggregate(entropy, batch.loss_mask)
+        return state, aux
+
+    def step(state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
+        rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
+        out = constrain(rollout(actor_def, state.actor, env, codec, config.rollout, rollout_key,
+                                eos_id=eos_id, pad_id=pad_id))
+        selection = select_groups(out.scores_without_penalty.reshape(-1, group),
+                                  config.filter.keep_ratio, config.filter.mode)
+        batch = constrain(gather_group_rows(out, selection.indices, group))
+        ref_logp = None
+        if config.loss.kl_coef > 0:
+            ref_logp = sequence_logprobs(nnx.merge(actor_def, state.reference), batch.tokens,
+                                         batch.lengths, opt.logit_chunk)[0]
+
+        def round_(state, round_key):
+            return update_round(state, round_key, batch, ref_logp)
+
+        state, aux = jax.lax.scan(round_, state, jax.random.split(update_key, opt.rollout_reuse))
+        metrics = rollout_metrics(out, batch, selection.group_std, selection.indices)
+        metrics.update(jax.tree.map(jnp.mean, aux))
+        metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
+        return state.replace(step=state.step + 1), metrics
+
+    if mesh is None:
+        return jax.jit(step, donate_argnums=0)
+    from starpo_jax.sharding import jit_sharded_step
+    abstract = jax.eval_shape(lambda: init_train_state(config, jax.random.PRNGKey(0), model=model))
+    return jit_sharded_step(step, abstract, model, mesh)
