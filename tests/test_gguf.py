@@ -130,9 +130,10 @@ def test_logits_match_transformers_on_a_ragged_batch(ours, reference):
 def test_load_pretrained_embedded_name(monkeypatch, smollm_path):
     """The name dispatches to load_gguf on the embedded file (tested above with `ours`)."""
     seen, loaded = [], (object(), object())
-    monkeypatch.setattr("starpo_jax.models.gguf.load_gguf", lambda p, d: seen.append((p, d)) or loaded)
-    assert load_pretrained("smollm2-135m-instruct", "bfloat16") is loaded
-    assert seen == [(smollm_path, "bfloat16")]
+    monkeypatch.setattr("starpo_jax.models.gguf.load_gguf",
+                        lambda *args, **kwargs: seen.append((args, kwargs)) or loaded)
+    assert load_pretrained("smollm2-135m-instruct", "bfloat16", value_head=True) is loaded
+    assert seen == [((smollm_path, "bfloat16"), {"value_head": True})]
 
 
 # ---------------------------------------------------------------- synthetic GGUF files
@@ -288,8 +289,9 @@ def test_load_gguf_builds_model_and_tokenizer(tmp_path):
     tensors = _random_hf_tensors(bias=False, tied=True)
     path = tmp_path / "tiny.gguf"
     _write_gguf(path, "llama", tensors, {}, permute=True, with_tokenizer=True)
-    model, tokenizer = load_gguf(path, "bfloat16")
+    model, tokenizer = load_gguf(path, "bfloat16", value_head=True)
     assert model.config.dtype == model.config.param_dtype == "bfloat16"
+    assert model.value_head[...].shape == (SHAPE["hidden"],)
     assert model.embed[...].dtype == jnp.bfloat16
     np.testing.assert_array_equal(  # F32 tensors: exact after the bfloat16 cast
         np.asarray(model.embed[...], np.float32),
@@ -443,7 +445,7 @@ def test_installed_package_wins(smollm_path, tmp_path, monkeypatch):
 def test_tiny_random_is_small_deterministic_and_uses_the_smollm2_vocabulary():
     model_a, tokenizer = load_pretrained("tiny-random")
     model_b, _ = embedded.tiny_random(seed=0)
-    model_c, _ = embedded.tiny_random(seed=1)
+    model_c, _ = embedded.tiny_random(seed=1, value_head=True)
     config = model_a.config
     assert config.vocab_size == len(tokenizer) == 49152
     assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
@@ -454,6 +456,7 @@ def test_tiny_random_is_small_deterministic_and_uses_the_smollm2_vocabulary():
     logits_a, logits_b, logits_c = (np.asarray(_logits(m, ids, mask)) for m in (model_a, model_b, model_c))
     np.testing.assert_array_equal(logits_a, logits_b)
     assert not np.allclose(logits_a, logits_c)
+    assert model_a.value_head is None and model_c.value_head[...].shape == (64,)
     assert tokenizer.eos_token == "<|im_end|>"
 
 
