@@ -129,3 +129,12 @@ def test_reset_from_text_rejects_other_text():
 def test_constructor_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Bandit(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["bandit", "bandit_rev", "bandit_test"])
+def test_instructions_name_no_arm(name):
+    """Only the state names the arms, in its random order: a fixed order anywhere else in the
+    prompt (such as action_names = (low, high)) would tell the high arm by position."""
+    env = envs_jax.make(name)
+    assert env.low_name not in env.instructions and env.high_name not in env.instructions
+    assert "Your available actions are:" in env.instructions

@@ -24,7 +24,10 @@ INSTRUCTIONS = (
     "3. Analyze the symbolic meaning of each arm's name to guess how their reward distribution "
     "might behave.\n"
     "4. Based on the symbolic meaning of their names, which arm do you think is more likely to "
-    "give you a higher reward on average? Answer with that arm's name."
+    "give you a higher reward on average? Answer with that arm's name.\n"
+    # The prompt templates add "Your available actions are:" + action_names unless this line is
+    # here; action_names is (low, high), a fixed order that would leak which arm is which.
+    "Your available actions are:\nthe names of the two arms, as listed in the state."
 )
 
 
