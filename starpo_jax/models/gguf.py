@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize
 from transformers import PreTrainedTokenizerFast
 
@@ -34,10 +34,11 @@ from starpo_jax.models.tokenizer import build_bpe_tokenizer, wrap_tokenizer
 
 GGUF_MAGIC = b"GGUF"
 
-# Architectures this loader maps, with whether llama.cpp permuted their q/k rows on export.
-SUPPORTED_ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "llama": {"model_type": "llama", "hf_class": "LlamaForCausalLM", "rotary_rows_permuted": True},
-    "qwen2": {"model_type": "qwen2", "hf_class": "Qwen2ForCausalLM", "rotary_rows_permuted": False},
+# GGUF architecture (= HF model_type) -> HF class, and whether llama.cpp's converter permuted the
+# q/k rows of that architecture on export.
+SUPPORTED_ARCHITECTURES: dict[str, tuple[str, bool]] = {
+    "llama": ("LlamaForCausalLM", True),
+    "qwen2": ("Qwen2ForCausalLM", False),
 }
 
 _GLOBAL_TENSOR_NAMES = {
@@ -129,7 +130,7 @@ def hf_config_from_gguf(
             f"unsupported GGUF architecture {architecture!r}; supported: "
             f"{sorted(SUPPORTED_ARCHITECTURES)}"
         )
-    spec = SUPPORTED_ARCHITECTURES[architecture]
+    hf_class, _ = SUPPORTED_ARCHITECTURES[architecture]
 
     def value(key: str, default: Any = None) -> Any:
         full_key = f"{architecture}.{key}"
@@ -144,7 +145,9 @@ def hf_config_from_gguf(
 
     scaling = value("rope.scaling.type", "none")
     if scaling != "none":
-        raise GGUFFormatError(f"unsupported rope scaling {scaling!r}; only unscaled rope is supported")
+        raise GGUFFormatError(
+            f"unsupported rope scaling {scaling!r}; only unscaled rope is supported"
+        )
     hidden_size = int(value("embedding_length"))
     num_heads = int(value("attention.head_count"))
     head_dim = int(value("attention.key_length", hidden_size // num_heads))
@@ -158,8 +161,8 @@ def hf_config_from_gguf(
     if vocab_size is None:
         vocab_size = len(metadata.get("tokenizer.ggml.tokens", ()))
     config: dict[str, Any] = {
-        "architectures": [spec["hf_class"]],
-        "model_type": spec["model_type"],
+        "architectures": [hf_class],
+        "model_type": architecture,
         "vocab_size": int(vocab_size),
         "hidden_size": hidden_size,
         "intermediate_size": int(value("feed_forward_length")),
@@ -173,7 +176,7 @@ def hf_config_from_gguf(
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "hidden_act": "silu",
     }
-    if spec["model_type"] == "llama":  # Qwen2 always has q/k/v bias, so HF has no such key there
+    if architecture == "llama":  # Qwen2 always has q/k/v bias, so HF has no such key there
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         key = "tokenizer.ggml." + name.replace("pad_", "padding_")
@@ -210,8 +213,8 @@ def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return per_head.swapaxes(1, 2).reshape(weight.shape)
 
 
-def dequantize_tensor(tensor: Any) -> np.ndarray:
-    """One GGUF tensor (a `gguf.ReaderTensor`) as a float32 array in numpy (row-major) order."""
+def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
+    """One GGUF tensor as a float32 array in numpy (row-major) order, e.g. [out, in]."""
     try:
         values = dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError as error:
@@ -230,8 +233,7 @@ def hf_tensors_from_gguf(reader: GGUFReader, hf_config: Mapping[str, Any]) -> di
     `hf_config` is `hf_config_from_gguf(...)` for the same file (it says whether rows were
     permuted and gives the head counts).
     """
-    # The GGUF architecture names of the supported models equal their HF model_type.
-    permuted = SUPPORTED_ARCHITECTURES[hf_config["model_type"]]["rotary_rows_permuted"]
+    _, permuted = SUPPORTED_ARCHITECTURES[hf_config["model_type"]]
     heads = {"attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
     tensors = {}
     for tensor in reader.tensors:

@@ -42,6 +42,8 @@ def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
 
 # `tokenizer.ggml.pre` -> the pre-tokenizer of the model family's own tokenizer.json.
 # SmolLM isolates every digit before GPT-2's split (llama.cpp's "smollm" regexes do the same).
+# transformers' GGUF loader (5.23) has no "smollm" entry and uses GPT-2's split alone, which
+# differs only where whitespace runs into a digit ("a  1": we give a,ĠĠ,1; it gives a,Ġ,Ġ,1).
 PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
     "gpt2": lambda: _byte_level(use_regex=True),
     "smollm": lambda: pre_tokenizers.Sequence(
@@ -59,8 +61,11 @@ def byte_to_unicode() -> dict[int, str]:
     Printable Latin-1 bytes stand for themselves; the other 68 (controls, space, ...) are
     shifted to code points 256, 257, ... in byte order, so no token holds whitespace.
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {byte: chr(byte) for byte in printable}
     shifted = (byte for byte in range(256) if byte not in table)
     table.update({byte: chr(256 + offset) for offset, byte in enumerate(shifted)})
@@ -70,8 +75,9 @@ def byte_to_unicode() -> dict[int, str]:
 def build_bpe_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     """A `tokenizers.Tokenizer` from GGUF tokenizer metadata (`tokenizer.ggml.*` keys).
 
-    Needs `tokens`, `merges`, `token_type` and `pre`; control tokens become special added tokens,
-    user-defined ones plain added tokens, so both are matched whole in text.
+    Needs `model` ("gpt2"), `tokens` and `merges`; `pre` (default "gpt2") picks the
+    pre-tokenizer, `token_type` marks control tokens (special added tokens) and user-defined
+    ones (plain added tokens), both matched whole in text. ValueError names what is unsupported.
     """
     model_kind = metadata.get("tokenizer.ggml.model")
     if model_kind != "gpt2":
@@ -89,8 +95,8 @@ def build_bpe_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
             raise ValueError(f"GGUF metadata lacks the required key {key!r}")
     tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
     types = list(metadata.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    alphabet = set(byte_to_unicode().values())
     spelling = byte_to_unicode()
+    alphabet = set(spelling.values())
     vocab = {}
     for index, (token, kind) in enumerate(zip(tokens, types, strict=True)):
         # Normal tokens must be byte-level spelled for BPE; a few files store raw text instead.
@@ -112,12 +118,18 @@ def build_bpe_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[pre]()
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False)
-         for t, kind in zip(tokens, types) if kind == _CONTROL]
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, kind in zip(tokens, types, strict=True)
+            if kind == _CONTROL
+        ]
     )
     tokenizer.add_tokens(
-        [AddedToken(t, special=False, normalized=False)
-         for t, kind in zip(tokens, types) if kind == _USER_DEFINED]
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, kind in zip(tokens, types, strict=True)
+            if kind == _USER_DEFINED
+        ]
     )
     tokenizer.post_processor = _post_processor(metadata, tokens)
     return tokenizer
@@ -152,8 +164,12 @@ def wrap_tokenizer(tokenizer: Tokenizer, metadata: Mapping[str, Any]) -> PreTrai
     and chat template; pad falls back to eos when the file names no padding token."""
     tokens = metadata["tokenizer.ggml.tokens"]
     specials = {}
-    for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+    for role, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("unk_token", "unknown_token_id"),
+        ("pad_token", "padding_token_id"),
+    ):
         if f"tokenizer.ggml.{key}" in metadata:
             specials[role] = tokens[_special(metadata, tokens, key)]
     if "pad_token" not in specials and "eos_token" in specials:
