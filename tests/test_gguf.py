@@ -370,6 +370,22 @@ def test_synthetic_gguf_round_trip(tmp_path, arch, bias, tied):
     assert model(jnp.zeros((1, 3), jnp.int32)).shape == (1, 3, SHAPE["vocab"])
 
 
+@pytest.mark.parametrize("arch,bias,tied", [("qwen2", True, False), ("llama", False, True)])
+def test_synthetic_tensors_match_transformers_exactly(tmp_path, arch, bias, tied):
+    """Independent check of the per-architecture row order: transformers' GGUF loader."""
+    path = tmp_path / f"{arch}.gguf"
+    _write_gguf(path, arch, _random_hf_tensors(bias, tied), QUANTISED, arch == "llama", True)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
+        )
+    expected = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    _, tensors = read_gguf_checkpoint(path)
+    assert sorted(tensors) == sorted(expected)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(value, expected[name].float().numpy(), err_msg=name)
+
+
 def test_load_gguf_builds_model_and_tokenizer(tmp_path):
     tensors = _random_hf_tensors(bias=False, tied=True)
     path = tmp_path / "tiny.gguf"
