@@ -272,3 +272,59 @@ def test_bad_inputs_are_named(model, prompts, kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate(model, ids, args.pop("prompt_lengths"), jax.random.key(0), max_new_tokens=4,
                  **args)
+
+
+# ---------------------------------------------------------------- embedded SmolLM2 vs transformers
+
+CHAT = "<|im_start|>system\nYou're a helpful assistant.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n" \
+       "<|im_start|>assistant\n"
+QUESTIONS = ["What is the capital of France?", "Write a haiku about ice.",
+             "You are in a 4x4 grid world. Which action moves you Up? Answer with one word."]
+
+
+def _transformers_gguf_model(path):
+    """transformers' Llama on the GGUF's weights, dequantised by transformers' own GGUF loader
+    (what from_pretrained(dir, gguf_file=...) does, minus its demand for `accelerate`)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict(tensors, strict=False)
+    model.tie_weights()
+    return model.eval()
+
+
+def test_embedded_smollm2_greedy_text_equals_transformers(monkeypatch):
+    import torch
+
+    from starpo_jax.models import load_pretrained
+    from starpo_jax.models.embedded import embedded_gguf_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, tokenizer = load_pretrained("smollm2-135m-instruct")
+    encoded = [tokenizer.encode(CHAT.format(q), add_special_tokens=False) for q in QUESTIONS]
+    width = max(map(len, encoded))
+    ids = np.array([e + [0] * (width - len(e)) for e in encoded], np.int32)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    out = generate(model, ids, np.array(list(map(len, encoded))), jax.random.key(0),
+                   max_new_tokens=32, greedy=True, eos_ids=(eos,))
+    ours = [tokenizer.decode(out.tokens[b, : out.lengths[b]].tolist()) for b in range(len(encoded))]
+
+    reference = _transformers_gguf_model(embedded_gguf_path())
+    left = torch.tensor([[0] * (width - len(e)) + e for e in encoded])
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+    with torch.inference_mode():
+        full = reference.generate(input_ids=left, attention_mask=mask, do_sample=False,
+                                  max_new_tokens=32, eos_token_id=eos, pad_token_id=eos)
+    theirs = []
+    for row in full[:, width:].tolist():
+        theirs.append(tokenizer.decode(row[: row.index(eos) + 1] if eos in row else row))
+    assert ours == theirs
+    assert all(len(text) > 10 for text in ours)
