@@ -176,7 +176,7 @@ class OptimConfig:
     ppo_epochs: int = 1
     minibatches: int = 1
     rollout_reuse: int = 1
-    logit_chunk: int = 128  # sequence positions per chunk when computing [*, V] logits
+    logit_chunk: int = 128  # reply tokens per chunk when computing [*, V] logits
 
     def __post_init__(self) -> None:
         o = "optim"

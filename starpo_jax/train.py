@@ -73,22 +73,42 @@ def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> 
                       step=jnp.int32(0))
 
 
-def sequence_logprobs(model: Decoder, tokens: jax.Array, lengths: jax.Array, chunk: int,
-                      ) -> tuple[jax.Array, jax.Array]:
-    """Teacher-forced log p(tokens[t] | tokens[:t]) and the entropy of that distribution.
+def reply_slots(loss_mask: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
+    """Positions of the first `slots` reply tokens of each row, in order.
 
-    tokens [B, L] int32, lengths [B] int32 -> (logp [B, L] float32, entropy [B, L] float32), both
-    0 at t = 0. Logits [B, chunk, V] are made one chunk of positions at a time and recomputed in
-    the backward pass, so [B, L, V] never exists.
+    loss_mask [B, L] bool -> (positions [B, slots] int32 (0 where unused), used [B, slots] bool).
     """
-    b, length = tokens.shape
-    mask = jnp.arange(length) < lengths[:, None]
+    b, length = loss_mask.shape
+    rank = jnp.cumsum(loss_mask, axis=1) - 1
+    target = jnp.where(loss_mask & (rank < slots), rank, slots)
+    positions = jnp.zeros((b, slots), jnp.int32).at[jnp.arange(b)[:, None], target].set(
+        jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length)), mode="drop")
+    return positions, jnp.arange(slots) < jnp.minimum(loss_mask.sum(1), slots)[:, None]
+
+
+def sequence_logprobs(model: Decoder, tokens: jax.Array, lengths: jax.Array,
+                      loss_mask: jax.Array, slots: int, chunk: int,
+                      ) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced log p(tokens[t] | tokens[:t]) and that distribution's entropy, at reply
+    tokens only.
+
+    tokens [B, L] int32, lengths [B] int32, loss_mask [B, L] bool (reply tokens, none at t = 0);
+    slots: static bound on reply tokens per row. Returns (logp, entropy), [B, L] float32, 0 off
+    the mask. Logits exist only for the reply positions, `chunk` of them at a time, and are
+    recomputed in the backward pass: the [*, V] projection is the costly part for small models.
+    """
+    b = tokens.shape[0]
+    mask = jnp.arange(tokens.shape[1]) < lengths[:, None]
     hidden = model.hidden_states(tokens, attention_mask=mask)
-    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1)
-    pad = -length % chunk
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    positions, used = reply_slots(loss_mask, slots)
+    rows = jnp.arange(b)[:, None]
+    # The hidden state at t - 1 predicts the token at t.
+    h = hidden[rows, jnp.maximum(positions - 1, 0)]
+    targets = tokens[rows, positions]
+    pad = -slots % chunk
+    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    n = (length + pad) // chunk
+    n = (slots + pad) // chunk
 
     @jax.checkpoint
     def one(xs):
@@ -98,11 +118,14 @@ def sequence_logprobs(model: Decoder, tokens: jax.Array, lengths: jax.Array, chu
         return jnp.take_along_axis(logp, t[..., None], axis=-1)[..., 0], token_entropy(logits)
 
     split = lambda x: jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)  # noqa: E731
-    logp, entropy = jax.lax.map(one, (split(hidden), split(targets)))
-    merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, -1)[:, : length - 1]  # noqa: E731
-    zero = jnp.zeros((b, 1), jnp.float32)
-    return (jnp.concatenate([zero, merge(logp)], axis=1),
-            jnp.concatenate([zero, merge(entropy)], axis=1))
+    logp, entropy = jax.lax.map(one, (split(h), split(targets)))
+
+    def scatter(x):
+        x = jnp.moveaxis(x, 0, 1).reshape(b, -1)[:, :slots]
+        cols = jnp.where(used, positions, tokens.shape[1])
+        return jnp.zeros(tokens.shape, jnp.float32).at[rows, cols].set(x, mode="drop")
+
+    return scatter(logp), scatter(entropy)
 
 
 def sequence_values(critic: Decoder, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
@@ -192,9 +215,12 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
     else:
         constrain = lambda tree: tree  # noqa: E731
 
+    slots = config.rollout.max_turns * config.rollout.reply_tokens
+    chunk = min(opt.logit_chunk, slots)
+
     def logprobs(params, batch):
         return sequence_logprobs(nnx.merge(actor_def, params), batch.tokens, batch.lengths,
-                                 opt.logit_chunk)
+                                 batch.loss_mask, slots, chunk)
 
     def actor_loss(params, mb):
         logp, entropy = logprobs(params, mb["rollout"])
@@ -267,8 +293,7 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
         batch = constrain(gather_group_rows(out, selection.indices, group))
         ref_logp = None
         if config.loss.kl_coef > 0:
-            ref_logp = sequence_logprobs(nnx.merge(actor_def, state.reference), batch.tokens,
-                                         batch.lengths, opt.logit_chunk)[0]
+            ref_logp = logprobs(state.reference, batch)[0]
 
         def round_(state, round_key):
             return update_round(state, round_key, batch, ref_logp)
