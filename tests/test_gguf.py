@@ -61,7 +61,9 @@ def reference(smollm_path):
     tensors = load_gguf_checkpoint(str(smollm_path), return_tensors=True, model_to_load=model)[
         "tensors"
     ]
-    model.load_state_dict(tensors, strict=False)
+    result = model.load_state_dict(tensors, strict=False)
+    # Only the tied head may be absent: nothing of the reference is left uninitialised.
+    assert result.missing_keys == ["lm_head.weight"] and not result.unexpected_keys
     model.tie_weights()
     return model.eval(), tensors
 
