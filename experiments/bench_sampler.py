@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,15 +23,15 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
 
-from starpo_jax.models import KVCache, load_pretrained  # noqa: E402
-from starpo_jax.models.embedded import embedded_gguf_path  # noqa: E402
-from starpo_jax.sampling import SamplingOptions, _generate_jit  # noqa: E402
+from starpo_jax.models import KVCache, load_pretrained
+from starpo_jax.models.embedded import embedded_gguf_path
+from starpo_jax.sampling import SamplingOptions, _generate_jit
 
 
 def transformers_gguf_model(path: Path) -> torch.nn.Module:
@@ -39,9 +40,9 @@ def transformers_gguf_model(path: Path) -> torch.nn.Module:
     This is what `from_pretrained(dir, gguf_file=...)` does, minus its demand for `accelerate`.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.initialization import no_init_weights
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
@@ -51,6 +52,10 @@ def transformers_gguf_model(path: Path) -> torch.nn.Module:
     model.load_state_dict(tensors, strict=False)
     model.tie_weights()
     return model.eval()
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def best_time(fn: Callable[[], Any], reps: int) -> float:
@@ -84,8 +89,9 @@ def jax_generation(model, prompts: np.ndarray, new_tokens: int, reps: int) -> tu
     ids, lengths = jnp.asarray(prompts), jnp.full((b,), t, jnp.int32)
     cache = KVCache.init(model.config, b, t + new_tokens)
     start = time.perf_counter()
-    compiled = _generate_jit.lower(graphdef, params, ids, lengths, jax.random.key(0), cache, None,
-                                   options).compile()
+    compiled = _generate_jit.lower(
+        graphdef, params, ids, lengths, jax.random.key(0), cache, None, options
+    ).compile()
     compile_s = time.perf_counter() - start
     state = {"cache": cache, "step": 0}
 
@@ -110,9 +116,17 @@ def torch_generation(model, prompts: np.ndarray, new_tokens: int, reps: int, pad
 
     def run() -> None:
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
-                                 top_k=0, top_p=1.0, max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, pad_token_id=pad_id)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=pad_id,
+            )
         assert out.shape[1] == prompts.shape[1] + new_tokens
 
     run()
@@ -132,7 +146,10 @@ def jax_train_step(model, batch: np.ndarray, reps: int) -> tuple[float, float]:
     start = time.perf_counter()
     step = jax.jit(jax.value_and_grad(loss_fn)).lower(params, ids).compile()
     compile_s = time.perf_counter() - start
-    run = lambda: jax.block_until_ready(step(params, ids))  # noqa: E731
+
+    def run() -> None:
+        jax.block_until_ready(step(params, ids))
+
     run()
     return compile_s, best_time(run, reps)
 
@@ -154,21 +171,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small shapes, one rep: a smoke run")
     parser.add_argument("--batches", type=int, nargs="+", default=None)
+    parser.add_argument("--prompt-len", type=int, default=None)
+    parser.add_argument("--train-shape", type=int, nargs=2, default=None, metavar=("B", "L"))
+    parser.add_argument("--reps", type=int, default=None, help="timed runs per phase (best kept)")
     parser.add_argument("--skip-torch", action="store_true")
     args = parser.parse_args()
     quick = args.quick
     batches = args.batches or ([1, 4] if quick else [1, 8, 32, 128])
     prompt_len, new_tokens = (32, 16) if quick else (150, 64)
-    train_shape = (2, 128) if quick else (8, 512)
-    reps = 1 if quick else 2
+    prompt_len = args.prompt_len or prompt_len
+    train_shape = tuple(args.train_shape or ((2, 128) if quick else (8, 512)))
+    reps = args.reps or (1 if quick else 2)
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)
 
-    print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
-          f"{cores} cores, torch threads {torch.get_num_threads()}")
-    print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; allocators: defaults of both "
-          "(XLA_PYTHON_CLIENT_PREALLOCATE only concerns GPUs); JAX reuses its KV cache by "
-          "donation, transformers grows a DynamicCache per call; one untimed warm-up run each")
+    print(
+        f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
+        f"{cores} cores, torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; allocators: defaults of both "
+        "(XLA_PYTHON_CLIENT_PREALLOCATE only concerns GPUs); JAX reuses its KV cache by "
+        "donation, transformers grows a DynamicCache per call; one untimed warm-up run each"
+    )
 
     peak_jax, peak_torch = matmul_peak(512 if quick else 2048, 3)
     peak = max(peak_jax, peak_torch)
@@ -185,12 +210,26 @@ def main() -> None:
     for b in batches:
         prompts = rng.integers(100, vocab, (b, prompt_len)).astype(np.int32)
         compile_s, t_jax = jax_generation(model, prompts, new_tokens, reps)
-        t_torch = (torch_generation(hf_model, prompts, new_tokens, reps, tokenizer.eos_token_id)
-                   if hf_model is not None else None)
+        t_torch = (
+            torch_generation(hf_model, prompts, new_tokens, reps, tokenizer.eos_token_id)
+            if hf_model is not None
+            else None
+        )
+        progress(
+            f"B={b}: jax {b * new_tokens / t_jax:.1f} tok/s (compile {compile_s:.1f} s), "
+            f"torch {t_torch and b * new_tokens / t_torch} tok/s"
+        )
         flops = 2.0 * n_params * b * (prompt_len + new_tokens)
         tokens = b * new_tokens
-        rows.append((f"generate B={b} ({prompt_len}+{new_tokens} tok), generated tok/s",
-                     tokens / t_jax, t_torch and tokens / t_torch, "tok/s", flops / tokens))
+        rows.append(
+            (
+                f"generate B={b} ({prompt_len}+{new_tokens} tok), generated tok/s",
+                tokens / t_jax,
+                t_torch and tokens / t_torch,
+                "tok/s",
+                flops / tokens,
+            )
+        )
         if b == batches[min(2, len(batches) - 1)]:
             rows.append((f"compile prefill+decode B={b}, s", compile_s, None, "s", 0.0))
 
@@ -198,13 +237,22 @@ def main() -> None:
     compile_s, t_jax = jax_train_step(model, batch, reps)
     t_torch = torch_train_step(hf_model.train(), batch, reps) if hf_model is not None else None
     tokens = train_shape[0] * train_shape[1]
-    rows.append((f"train fwd+bwd {train_shape[0]}x{train_shape[1]}, tok/s", tokens / t_jax,
-                 t_torch and tokens / t_torch, "tok/s", 6.0 * n_params))
+    rows.append(
+        (
+            f"train fwd+bwd {train_shape[0]}x{train_shape[1]}, tok/s",
+            tokens / t_jax,
+            t_torch and tokens / t_torch,
+            "tok/s",
+            6.0 * n_params,
+        )
+    )
     rows.append(("compile fwd+bwd, s", compile_s, None, "s", 0.0))
 
-    print(f"\nSmolLM2-135M ({n_params / 1e6:.1f} M params, float32). f32 matmul peak: "
-          f"jax {peak_jax / 1e9:.1f} GFLOP/s, torch {peak_torch / 1e9:.1f} GFLOP/s; "
-          f"fractions below are of the larger ({peak / 1e9:.1f}).\n")
+    print(
+        f"\nSmolLM2-135M ({n_params / 1e6:.1f} M params, float32). f32 matmul peak: "
+        f"jax {peak_jax / 1e9:.1f} GFLOP/s, torch {peak_torch / 1e9:.1f} GFLOP/s; "
+        f"fractions below are of the larger ({peak / 1e9:.1f}).\n"
+    )
     print("| phase | starpo-jax | transformers | jax / torch | jax % peak | torch % peak |")
     print("|---|---|---|---|---|---|")
     for name, jx, th, unit, flops_per_token in rows:
@@ -212,9 +260,13 @@ def main() -> None:
             print(f"| {name} | {jx:.1f} | | | | |")
             continue
         ratio = f"{jx / th:.2f}x" if th else ""
-        frac = lambda rate: f"{100 * rate * flops_per_token / peak:.1f}%" if rate else ""  # noqa: E731
-        print(f"| {name} | {jx:.1f} | {f'{th:.1f}' if th else ''} | {ratio} | {frac(jx)} | "
-              f"{frac(th)} |")
+        jax_frac, torch_frac = (
+            f"{100 * rate * flops_per_token / peak:.1f}%" if rate else "" for rate in (jx, th)
+        )
+        print(
+            f"| {name} | {jx:.1f} | {f'{th:.1f}' if th else ''} | {ratio} | {jax_frac} | "
+            f"{torch_frac} |"
+        )
 
 
 if __name__ == "__main__":

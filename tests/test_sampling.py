@@ -26,10 +26,27 @@ from starpo_jax.text.token_bytes import TokenBytes
 
 VOCAB = 48
 # Big init so that a random model's greedy/sampled text varies instead of repeating one token.
-CONFIG = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=8, initializer_range=0.4)
+CONFIG = ModelConfig(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    initializer_range=0.4,
+)
 # A synthetic tokenizer: token i stands for PIECES[i]; a few pieces hold a whole stop string.
-PIECES = [c for c in "ab</>\n ns"] + ["</", "an", "sw", "er>", "ab<", "/answer", ">\n", "</answer>\nx"]
+PIECES = [c for c in "ab</>\n ns"] + [
+    "</",
+    "an",
+    "sw",
+    "er>",
+    "ab<",
+    "/answer",
+    ">\n",
+    "</answer>\nx",
+]
 PIECES += [f"{c}{d}" for c in "ab<" for d in "xyz/"] + ["é", "🙂", "w", "e", "r", "<a"]
 PIECES = (PIECES + ["q"] * VOCAB)[:VOCAB]
 
@@ -76,14 +93,24 @@ def _np_support(logits: np.ndarray, temperature: float, top_k: int, top_p: float
     return keep
 
 
-@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [
-    (1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.9), (1.3, 0, 0.5), (1.0, 8, 0.8), (0.5, 1, 1.0),
-    (1.0, 100, 0.3), (2.0, 0, 0.999),
-])
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [
+        (1.0, 0, 1.0),
+        (0.7, 5, 1.0),
+        (1.0, 0, 0.9),
+        (1.3, 0, 0.5),
+        (1.0, 8, 0.8),
+        (0.5, 1, 1.0),
+        (1.0, 100, 0.3),
+        (2.0, 0, 0.999),
+    ],
+)
 def test_truncated_logits_match_numpy(temperature, top_k, top_p):
     logits = np.random.default_rng(1).normal(size=(4, 40)).astype(np.float32) * 3
-    out = np.asarray(truncated_logits(jnp.asarray(logits), temperature=temperature, top_k=top_k,
-                                      top_p=top_p))
+    out = np.asarray(
+        truncated_logits(jnp.asarray(logits), temperature=temperature, top_k=top_k, top_p=top_p)
+    )
     for row, got in zip(logits, out):
         keep = _np_support(row, temperature, top_k, top_p)
         np.testing.assert_array_equal(np.isfinite(got), keep)
@@ -92,17 +119,22 @@ def test_truncated_logits_match_numpy(temperature, top_k, top_p):
             p = np.exp(row / temperature - (row / temperature).max())
             p = p / p.sum()
             if top_k:
-                p = np.where(_np_support(row, temperature, top_k, 1.0), p, 0) / p[
-                    _np_support(row, temperature, top_k, 1.0)].sum()
+                p = (
+                    np.where(_np_support(row, temperature, top_k, 1.0), p, 0)
+                    / p[_np_support(row, temperature, top_k, 1.0)].sum()
+                )
             assert p[keep].sum() >= top_p - 1e-6
             assert p[keep].sum() - p[keep].min() < top_p
 
 
-@pytest.mark.parametrize(("options", "expected"), [
-    (dict(), [0.5, 0.3, 0.15, 0.05]),
-    (dict(top_p=0.8), [0.625, 0.375, 0, 0]),  # 0.5 < 0.8 <= 0.5 + 0.3
-    (dict(temperature=0.5, top_k=3), np.array([0.25, 0.09, 0.0225, 0]) / 0.3625),
-])
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (dict(), [0.5, 0.3, 0.15, 0.05]),
+        (dict(top_p=0.8), [0.625, 0.375, 0, 0]),  # 0.5 < 0.8 <= 0.5 + 0.3
+        (dict(temperature=0.5, top_k=3), np.array([0.25, 0.09, 0.0225, 0]) / 0.3625),
+    ],
+)
 def test_sampling_frequencies_follow_the_truncated_softmax(options, expected):
     batch = jnp.tile(jnp.log(jnp.array([0.5, 0.3, 0.15, 0.05])), (20000, 1))
     tokens = sample_tokens(jax.random.key(3), batch, SamplingOptions(max_new_tokens=1, **options))
@@ -122,11 +154,17 @@ def test_low_temperature_is_greedy_and_logprobs_match_numpy():
     np.testing.assert_allclose(token_logprob(logits, jnp.asarray(argmax), 0.7), ref, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(temperature=0.0), "greedy=True"), (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"),
-    (dict(max_new_tokens=0), "max_new_tokens"), (dict(stop=("",)), "stop"),
-    (dict(stop="</answer>"), "tuple"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(temperature=0.0), "greedy=True"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(stop=("",)), "stop"),
+        (dict(stop="</answer>"), "tuple"),
+    ],
+)
 def test_bad_options_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingOptions(**{"max_new_tokens": 4, **kwargs})
@@ -179,7 +217,9 @@ def _forward(model: Decoder, seq: list[int]) -> np.ndarray:
     graphdef, params = nnx.split(model)
     padded = np.zeros((1, REF_LEN), np.int32)
     padded[0, : len(seq)] = seq
-    return np.asarray(_full_logits(params, graphdef, jnp.asarray(padded))[0, : len(seq)], np.float64)
+    return np.asarray(
+        _full_logits(params, graphdef, jnp.asarray(padded))[0, : len(seq)], np.float64
+    )
 
 
 def _reference_greedy(model: Decoder, prompt: list[int], n: int) -> list[int]:
@@ -187,7 +227,7 @@ def _reference_greedy(model: Decoder, prompt: list[int], n: int) -> list[int]:
     seq = list(prompt)
     for _ in range(n):
         seq.append(int(np.argmax(_forward(model, seq)[-1])))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def test_greedy_with_cache_equals_full_forwards_on_ragged_prompts(model, prompts):
@@ -205,10 +245,10 @@ def test_logprobs_are_those_of_a_full_forward(model, prompts):
     out = generate(model, ids, lengths, jax.random.key(5), max_new_tokens=5, temperature=0.8)
     for b in range(3):
         seq = np.concatenate([ids[b, : lengths[b]], np.asarray(out.tokens[b])])
-        logits = _forward(model, seq.tolist())[lengths[b] - 1: -1]
+        logits = _forward(model, seq.tolist())[lengths[b] - 1 : -1]
         for temperature, got in ((1.0, out.policy_logprobs), (0.8, out.logprobs)):
             x = logits / temperature
-            ref = x[np.arange(5), seq[lengths[b]:]] - np.log(np.exp(x).sum(-1))
+            ref = x[np.arange(5), seq[lengths[b] :]] - np.log(np.exp(x).sum(-1))
             np.testing.assert_allclose(got[b], ref, rtol=1e-4, atol=1e-5)
 
 
@@ -217,18 +257,31 @@ def test_continuing_a_cache_equals_the_concatenated_prompt(model, prompts):
     first = generate(model, ids, lengths, jax.random.key(1), max_new_tokens=3, max_len=24)
     chunk = np.random.default_rng(2).integers(0, VOCAB, (3, 4)).astype(np.int32)
     chunk_lengths = np.array([1, 4, 3], np.int32)
-    cont = generate(model, chunk, chunk_lengths, jax.random.key(7), max_new_tokens=5, greedy=True,
-                    cache=first.cache)
+    cont = generate(
+        model,
+        chunk,
+        chunk_lengths,
+        jax.random.key(7),
+        max_new_tokens=5,
+        greedy=True,
+        cache=first.cache,
+    )
     for b in range(3):
-        whole = (ids[b, : lengths[b]].tolist() + first.tokens[b].tolist()
-                 + chunk[b, : chunk_lengths[b]].tolist())
+        whole = (
+            ids[b, : lengths[b]].tolist()
+            + first.tokens[b].tolist()
+            + chunk[b, : chunk_lengths[b]].tolist()
+        )
         assert cont.tokens[b].tolist() == _reference_greedy(model, whole, 5)
     np.testing.assert_array_equal(cont.cache.end, lengths + 3 + chunk_lengths + 5)
 
 
 def test_same_key_same_tokens_other_key_other_tokens(model, prompts):
     ids, lengths = prompts
-    run = lambda seed: generate(model, ids, lengths, jax.random.key(seed), max_new_tokens=8).tokens  # noqa: E731
+
+    def run(seed: int) -> jax.Array:
+        return generate(model, ids, lengths, jax.random.key(seed), max_new_tokens=8).tokens
+
     np.testing.assert_array_equal(run(11), run(11))
     assert not np.array_equal(run(11), run(12))
 
@@ -242,44 +295,67 @@ def test_stops_on_strings_eos_and_budget(model, prompts):
     text0 = [PIECES[t].encode() for t in free[0]]
     stop = ((text0[2] + text0[3]).decode(errors="ignore")[-2:] or "q",)
     eos = (int(free[1, 4]),)
-    out = generate(model, ids, lengths, key, max_new_tokens=12, stop=stop, eos_ids=eos,
-                   token_bytes=TABLE, pad_id=-1)
+    out = generate(
+        model,
+        ids,
+        lengths,
+        key,
+        max_new_tokens=12,
+        stop=stop,
+        eos_ids=eos,
+        token_bytes=TABLE,
+        pad_id=-1,
+    )
     for b in range(3):
         pieces = [PIECES[t].encode() for t in free[b]]
         at_stop = _first_stop(pieces, stop)
         at_eos = next((i for i, t in enumerate(free[b]) if t == eos[0]), None)
         end = min(i for i in (at_stop, at_eos, 11) if i is not None)
-        reason = (StopReason.EOS if end == at_eos else StopReason.STOP_STRING if end == at_stop
-                  else StopReason.BUDGET)
+        reason = (
+            StopReason.EOS
+            if end == at_eos
+            else StopReason.STOP_STRING
+            if end == at_stop
+            else StopReason.BUDGET
+        )
         assert int(out.lengths[b]) == end + 1
         assert int(out.stop_reason[b]) == reason
         np.testing.assert_array_equal(out.tokens[b, : end + 1], free[b, : end + 1])
-        assert np.all(np.asarray(out.tokens[b, end + 1:]) == -1)
-        assert np.all(np.asarray(out.logprobs[b, end + 1:]) == 0)
+        assert np.all(np.asarray(out.tokens[b, end + 1 :]) == -1)
+        assert np.all(np.asarray(out.logprobs[b, end + 1 :]) == 0)
     assert int(out.stop_reason[0]) in (StopReason.STOP_STRING, StopReason.EOS)
     assert int(out.stop_reason[1]) == StopReason.EOS or int(out.lengths[1]) <= 5
     np.testing.assert_array_equal(out.cache.end, lengths + np.asarray(out.lengths))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(prompt_lengths=np.array([0, 2, 4])), "prompt_lengths"),
-    (dict(max_len=8), "slots"),
-    (dict(stop=("x",), token_bytes=_table(PIECES[:10])), "vocab_size"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(prompt_lengths=np.array([0, 2, 4])), "prompt_lengths"),
+        (dict(max_len=8), "slots"),
+        (dict(stop=("x",), token_bytes=_table(PIECES[:10])), "vocab_size"),
+    ],
+)
 def test_bad_inputs_are_named(model, prompts, kwargs, message):
     ids, lengths = prompts
     args = {"prompt_lengths": lengths, **kwargs}
     with pytest.raises(ValueError, match=message):
-        generate(model, ids, args.pop("prompt_lengths"), jax.random.key(0), max_new_tokens=4,
-                 **args)
+        generate(
+            model, ids, args.pop("prompt_lengths"), jax.random.key(0), max_new_tokens=4, **args
+        )
 
 
 # ---------------------------------------------------------------- embedded SmolLM2 vs transformers
 
-CHAT = "<|im_start|>system\nYou're a helpful assistant.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n" \
-       "<|im_start|>assistant\n"
-QUESTIONS = ["What is the capital of France?", "Write a haiku about ice.",
-             "You are in a 4x4 grid world. Which action moves you Up? Answer with one word."]
+CHAT = (
+    "<|im_start|>system\nYou're a helpful assistant.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about ice.",
+    "You are in a 4x4 grid world. Which action moves you Up? Answer with one word.",
+]
 
 
 def _transformers_gguf_model(path):
@@ -313,16 +389,29 @@ def test_embedded_smollm2_greedy_text_equals_transformers(monkeypatch):
     width = max(map(len, encoded))
     ids = np.array([e + [0] * (width - len(e)) for e in encoded], np.int32)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    out = generate(model, ids, np.array(list(map(len, encoded))), jax.random.key(0),
-                   max_new_tokens=32, greedy=True, eos_ids=(eos,))
+    out = generate(
+        model,
+        ids,
+        np.array(list(map(len, encoded))),
+        jax.random.key(0),
+        max_new_tokens=32,
+        greedy=True,
+        eos_ids=(eos,),
+    )
     ours = [tokenizer.decode(out.tokens[b, : out.lengths[b]].tolist()) for b in range(len(encoded))]
 
     reference = _transformers_gguf_model(embedded_gguf_path())
     left = torch.tensor([[0] * (width - len(e)) + e for e in encoded])
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
     with torch.inference_mode():
-        full = reference.generate(input_ids=left, attention_mask=mask, do_sample=False,
-                                  max_new_tokens=32, eos_token_id=eos, pad_token_id=eos)
+        full = reference.generate(
+            input_ids=left,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=32,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
     theirs = []
     for row in full[:, width:].tolist():
         theirs.append(tokenizer.decode(row[: row.index(eos) + 1] if eos in row else row))

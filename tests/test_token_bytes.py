@@ -9,10 +9,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
-from starpo_jax.text.token_bytes import gpt2_unicode_to_byte, token_byte_table  # noqa: E402
+from starpo_jax.text.token_bytes import gpt2_unicode_to_byte, token_byte_table
 
 CORPUS = [
     "You're a helpful assistant. <think> go left </think> <answer> Left || Up </answer>",
@@ -30,28 +30,43 @@ def _qwen2_style() -> PreTrainedTokenizerFast:
     """A small byte-level BPE laid out like Qwen2's tokenizer.json (NFC, regex split, ByteLevel)."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(split), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    split = (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(CORPUS * 5, trainer)
     tok.add_tokens(["  two spaces"])  # a non-special added token with chars outside the alphabet
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
 
 
 def _sentencepiece_style() -> PreTrainedTokenizerFast:
-    """A Llama-2-like BPE: Metaspace-ish `▁` replacement, byte fallback, strip of one leading space."""
+    """A Llama-2-like BPE: `▁` for spaces, byte fallback, strip of one leading space."""
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
-                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"]
-                                  + [f"<0x{b:02X}>" for b in range(256)])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)],
+    )
     tok.train_from_iterator([t.replace("🙂", "") for t in CORPUS] * 5, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
@@ -59,12 +74,14 @@ def _sentencepiece_style() -> PreTrainedTokenizerFast:
 @pytest.fixture(scope="module")
 def smollm2():
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(SMOLLM2_DIR, gguf_file=SMOLLM2_FILE)
 
 
 def _decode(tokenizer, ids) -> bytes:
-    return tokenizer.decode(list(map(int, ids)), skip_special_tokens=False,
-                            clean_up_tokenization_spaces=False).encode()
+    return tokenizer.decode(
+        list(map(int, ids)), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    ).encode()
 
 
 def _check_random_and_text(tokenizer, n_random: int, seed: int) -> None:
@@ -119,7 +136,9 @@ def test_sentencepiece_style_byte_fallback_and_metaspace():
     assert _decode(tokenizer, ids) == b"go \xf0\x9f\x99\x82 left"
 
 
-@pytest.mark.parametrize(("vocab_size", "error"), [(10, "smaller than"), (None, None), (1000, None)])
+@pytest.mark.parametrize(
+    ("vocab_size", "error"), [(10, "smaller than"), (None, None), (1000, None)]
+)
 def test_vocab_size_padding(vocab_size, error):
     tokenizer = _qwen2_style()
     if error:
@@ -128,5 +147,5 @@ def test_vocab_size_padding(vocab_size, error):
         return
     table = token_byte_table(tokenizer, vocab_size=vocab_size)
     assert table.vocab_size == (vocab_size or len(tokenizer))
-    assert np.all(table.lengths[len(tokenizer):] == 0)
+    assert np.all(table.lengths[len(tokenizer) :] == 0)
     assert table.bytes.dtype == np.uint8 and table.lengths.dtype == np.int32

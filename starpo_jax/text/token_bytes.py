@@ -59,8 +59,11 @@ def gpt2_unicode_to_byte() -> dict[str, int]:
     Bytes that are printable and not whitespace in Latin-1 stand for themselves; the other 68
     bytes are given the chars 256, 257, ... in byte order.
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {chr(b): b for b in printable}
     extra = 0
     for b in range(256):
@@ -87,7 +90,9 @@ def _sentencepiece_rule(decoder: dict) -> tuple[list[tuple[str, str]], bool]:
         if kind == "Replace":
             pattern = step["pattern"]
             if "String" not in pattern:
-                raise ValueError(f"Replace decoder with a regex pattern {pattern!r} is not supported")
+                raise ValueError(
+                    f"Replace decoder with a regex pattern {pattern!r} is not supported"
+                )
             replacements.append((pattern["String"], step["content"]))
         elif kind == "Metaspace":
             replacements.append((step.get("replacement", "▁"), " "))
@@ -98,7 +103,8 @@ def _sentencepiece_rule(decoder: dict) -> tuple[list[tuple[str, str]], bool]:
         else:
             raise ValueError(
                 f"unsupported decoder step {kind!r}; supported: ByteLevel, or a Sequence of "
-                "Replace/ByteFallback/Fuse/Strip/Metaspace")
+                "Replace/ByteFallback/Fuse/Strip/Metaspace"
+            )
     return replacements, byte_fallback
 
 
@@ -107,7 +113,9 @@ def _backend_json(tokenizer: Any) -> tuple[Any, dict]:
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     if not hasattr(backend, "to_str"):
         raise TypeError(
-            f"token_byte_table needs a fast (tokenizers-backed) tokenizer; got {type(tokenizer).__name__}")
+            "token_byte_table needs a fast (tokenizers-backed) tokenizer; "
+            f"got {type(tokenizer).__name__}"
+        )
     return backend, json.loads(backend.to_str())
 
 
@@ -128,7 +136,9 @@ def token_byte_table(tokenizer: Any, vocab_size: int | None = None) -> TokenByte
         size = vocab_size
     decoder = spec.get("decoder")
     if decoder is None:
-        raise ValueError("the tokenizer has no decoder; cannot tell which bytes its tokens stand for")
+        raise ValueError(
+            "the tokenizer has no decoder; cannot tell which bytes its tokens stand for"
+        )
     if decoder["type"] == "ByteLevel":
         to_bytes = _byte_level
     else:
