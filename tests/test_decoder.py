@@ -13,9 +13,18 @@ from flax import nnx
 
 from starpo_jax.models import Decoder, KVCache, ModelConfig
 
-TINY = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-                   num_kv_heads=2, head_dim=8, rope_theta=500.0, attention_bias=True,
-                   tie_word_embeddings=False)
+TINY = ModelConfig(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rope_theta=500.0,
+    attention_bias=True,
+    tie_word_embeddings=False,
+)
 
 
 def _random_model(config: ModelConfig, seed: int = 0, value_head: bool = False) -> Decoder:
@@ -23,8 +32,9 @@ def _random_model(config: ModelConfig, seed: int = 0, value_head: bool = False) 
 
     Filled from numpy on an abstract model: no initialiser has to be compiled or dispatched.
     """
-    graphdef, state = nnx.split(nnx.eval_shape(
-        lambda: Decoder(config, rngs=nnx.Rngs(0), value_head=value_head)))
+    graphdef, state = nnx.split(
+        nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), value_head=value_head))
+    )
     rng = np.random.RandomState(seed)
     state = jax.tree.map(lambda x: jnp.asarray(0.3 * rng.standard_normal(x.shape), x.dtype), state)
     return nnx.merge(graphdef, state)
@@ -32,8 +42,12 @@ def _random_model(config: ModelConfig, seed: int = 0, value_head: bool = False) 
 
 # Tests call the model through jit: eager dispatch of every op is slow on a busy CPU.
 @nnx.jit
-def _forward(model: Decoder, ids: jax.Array, mask: jax.Array | None = None,
-             positions: jax.Array | None = None) -> jax.Array:
+def _forward(
+    model: Decoder,
+    ids: jax.Array,
+    mask: jax.Array | None = None,
+    positions: jax.Array | None = None,
+) -> jax.Array:
     return model(ids, positions=positions, attention_mask=mask)
 
 
@@ -45,7 +59,10 @@ def _forward_cached(model: Decoder, ids: jax.Array, mask: jax.Array, cache: KVCa
 def _numpy_forward(model: Decoder, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Reference logits [T, V] for one unpadded row, in float64, one head at a time."""
     cfg = model.config
-    p = {k: np.asarray(v, np.float64) for k, v in nnx.to_pure_dict(nnx.state(model))["layers"].items()}
+    p = {
+        k: np.asarray(v, np.float64)
+        for k, v in nnx.to_pure_dict(nnx.state(model))["layers"].items()
+    }
     embed = np.asarray(model.embed[...], np.float64)
 
     def norm(x, w):
@@ -56,7 +73,9 @@ def _numpy_forward(model: Decoder, ids: np.ndarray, positions: np.ndarray) -> np
         freq = cfg.rope_theta ** (-np.arange(half) * 2.0 / cfg.head_dim)
         ang = pos[:, None] * freq
         a, b = x[:, :half], x[:, half:]
-        return np.concatenate([a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)], -1)
+        return np.concatenate(
+            [a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)], -1
+        )
 
     t, group = len(ids), cfg.num_heads // cfg.num_kv_heads
     h = embed[ids]
@@ -67,7 +86,11 @@ def _numpy_forward(model: Decoder, ids: np.ndarray, positions: np.ndarray) -> np
         v = (x @ p["v_proj"][i] + p["v_bias"][i]).reshape(t, cfg.num_kv_heads, cfg.head_dim)
         heads = []
         for head in range(cfg.num_heads):
-            qh, kh, vh = rope(q[:, head], positions), rope(k[:, head // group], positions), v[:, head // group]
+            qh, kh, vh = (
+                rope(q[:, head], positions),
+                rope(k[:, head // group], positions),
+                v[:, head // group],
+            )
             s = qh @ kh.T / np.sqrt(cfg.head_dim) + np.triu(np.full((t, t), -np.inf), 1)
             w = np.exp(s - s.max(-1, keepdims=True))
             heads.append((w / w.sum(-1, keepdims=True)) @ vh)
@@ -103,9 +126,12 @@ def test_forward_matches_numpy_reference_on_ragged_batch(model):
 def test_explicit_positions_shift_rope(model):
     ids = np.random.RandomState(1).randint(0, TINY.vocab_size, (1, 5))
     positions = np.arange(5)[None] + 11
-    logits = np.asarray(_forward(model, jnp.asarray(ids), positions=jnp.asarray(positions, jnp.int32)))
-    np.testing.assert_allclose(logits[0], _numpy_forward(model, ids[0], positions[0].astype(float)),
-                               atol=2e-4, rtol=1e-4)
+    logits = np.asarray(
+        _forward(model, jnp.asarray(ids), positions=jnp.asarray(positions, jnp.int32))
+    )
+    np.testing.assert_allclose(
+        logits[0], _numpy_forward(model, ids[0], positions[0].astype(float)), atol=2e-4, rtol=1e-4
+    )
 
 
 def test_kv_cache_ragged_chunks_then_decode_equal_full_forward(model):
@@ -113,15 +139,17 @@ def test_kv_cache_ragged_chunks_then_decode_equal_full_forward(model):
     rng = np.random.RandomState(2)
     first_len, second_len, decode_steps = [5, 2, 3], [1, 4, 0], 4
     b = len(first_len)
-    full = [list(rng.randint(0, TINY.vocab_size, first_len[r] + second_len[r] + decode_steps))
-            for r in range(b)]
+    full = [
+        list(rng.randint(0, TINY.vocab_size, first_len[r] + second_len[r] + decode_steps))
+        for r in range(b)
+    ]
 
     def block(lengths, offsets, width):
         ids = np.zeros((b, width), np.int32)
         mask = np.zeros((b, width), bool)
         for r in range(b):
-            ids[r, :lengths[r]] = full[r][offsets[r]:offsets[r] + lengths[r]]
-            mask[r, :lengths[r]] = True
+            ids[r, : lengths[r]] = full[r][offsets[r] : offsets[r] + lengths[r]]
+            mask[r, : lengths[r]] = True
         return jnp.asarray(ids), jnp.asarray(mask)
 
     cache = KVCache.init(TINY, b, 24)
@@ -131,24 +159,26 @@ def test_kv_cache_ragged_chunks_then_decode_equal_full_forward(model):
         ids, mask = block(lengths, offsets, width)
         logits, cache = _forward_cached(model, ids, mask, cache)
         for r in range(b):
-            got[r].extend(np.asarray(logits[r, :lengths[r]]))
+            got[r].extend(np.asarray(logits[r, : lengths[r]]))
             offsets[r] += lengths[r]
     lengths = [len(f) for f in full]
     np.testing.assert_array_equal(np.asarray(cache.end), lengths)
     ids, mask = block(lengths, [0] * b, max(lengths))
     want = np.asarray(_forward(model, ids, mask))
     for r in range(b):
-        np.testing.assert_allclose(np.stack(got[r]), want[r, :lengths[r]], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.stack(got[r]), want[r, : lengths[r]], atol=1e-5, rtol=1e-5)
 
 
 def test_value_head_shape_and_gradient():
     model = _random_model(TINY, value_head=True)
     ids = jnp.asarray(np.random.RandomState(3).randint(0, TINY.vocab_size, (2, 6)))
+
     @nnx.jit
     def values_and_grads(m, ids):
         def loss(m):
             values = m.value(ids)
-            return jnp.mean(values ** 2), values
+            return jnp.mean(values**2), values
+
         return nnx.grad(loss, has_aux=True)(m)[::-1]
 
     values, grads = values_and_grads(model, ids)
@@ -177,26 +207,30 @@ def test_remat_recomputes_layers_in_the_backward_pass(model):
 
     def matmuls(config):  # lowering only: remat shows as the layer's matmuls run again
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))
-        loss = lambda s: nnx.merge(graphdef, s)(ids).sum()
+
+        def loss(s):
+            return nnx.merge(graphdef, s)(ids).sum()
+
         return jax.jit(jax.grad(loss)).lower(state).as_text().count("stablehlo.dot_general")
 
     assert matmuls(dataclasses.replace(TINY, remat=True)) > matmuls(TINY)
 
 
+def _while_loops(config: ModelConfig, use_cache: bool) -> int:
+    """stablehlo.while ops in the lowered forward (lowering only, nothing is compiled)."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))))
+    cache = jax.eval_shape(lambda: KVCache.init(config, 2, 8)) if use_cache else None
+
+    def forward(state, ids, cache):
+        return nnx.merge(graphdef, state)(ids, cache=cache)
+
+    ids = jax.ShapeDtypeStruct((2, 4), jnp.int32)
+    return jax.jit(forward).lower(state, ids, cache).as_text().count("stablehlo.while")
+
+
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_layers_compile_to_one_loop_whatever_the_depth(use_cache):
-    counts = []
-    for depth in (2, 8):
-        cfg = dataclasses.replace(TINY, num_layers=depth)
-        graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
-        ids = jax.ShapeDtypeStruct((2, 4), jnp.int32)
-
-        def forward(state, ids, cache):
-            return nnx.merge(graphdef, state)(ids, cache=cache)
-
-        cache = jax.eval_shape(lambda: KVCache.init(cfg, 2, 8)) if use_cache else None
-        hlo = jax.jit(forward).lower(state, ids, cache).as_text()
-        counts.append(hlo.count("stablehlo.while"))
+    counts = [_while_loops(dataclasses.replace(TINY, num_layers=n), use_cache) for n in (2, 8)]
     assert counts == [1, 1]
 
 
@@ -213,15 +247,18 @@ def test_bfloat16_runs_close_to_float32(model):
     assert float(jnp.abs(out16 - out32).max()) < 0.05 * scale
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(num_kv_heads=3), "multiple of num_kv_heads (3)"),
-    (dict(head_dim=7), "head_dim must be even"),
-    (dict(num_layers=0), "num_layers must be a positive int; got 0"),
-    (dict(vocab_size=3.5), "vocab_size must be a positive int; got 3.5"),
-    (dict(rope_theta=-1.0), "rope_theta must be a positive number"),
-    (dict(dtype="float8"), "dtype must be one of"),
-    (dict(param_dtype="int8"), "param_dtype must be one of"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(num_kv_heads=3), "multiple of num_kv_heads (3)"),
+        (dict(head_dim=7), "head_dim must be even"),
+        (dict(num_layers=0), "num_layers must be a positive int; got 0"),
+        (dict(vocab_size=3.5), "vocab_size must be a positive int; got 3.5"),
+        (dict(rope_theta=-1.0), "rope_theta must be a positive number"),
+        (dict(dtype="float8"), "dtype must be one of"),
+        (dict(param_dtype="int8"), "param_dtype must be one of"),
+    ],
+)
 def test_config_rejects_bad_values(change, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         dataclasses.replace(TINY, **change)
@@ -230,33 +267,90 @@ def test_config_rejects_bad_values(change, message):
 # config.json files as Qwen2.5-0.5B-Instruct and SmolLM2-135M-Instruct ship them (transformers 4.x
 # style: top-level rope_theta), and a transformers 5 style one (rope_parameters).
 QWEN25_05B = {
-    "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 896,
-    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21,
-    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
-    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-    "sliding_window": 32768, "tie_word_embeddings": True, "use_sliding_window": False,
-    "vocab_size": 151936}
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 21,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
 SMOLLM2_135M = {
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu",
-    "hidden_size": 576, "initializer_range": 0.041666666666666664, "intermediate_size": 1536,
-    "max_position_embeddings": 8192, "mlp_bias": False, "model_type": "llama",
-    "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3,
-    "rms_norm_eps": 1e-05, "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000,
-    "tie_word_embeddings": True, "vocab_size": 49152}
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "hidden_size": 576,
+    "initializer_range": 0.041666666666666664,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 9,
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 3,
+    "rms_norm_eps": 1e-05,
+    "rope_interleaved": False,
+    "rope_scaling": None,
+    "rope_theta": 100000,
+    "tie_word_embeddings": True,
+    "vocab_size": 49152,
+}
 
 
-@pytest.mark.parametrize("hf, expected", [
-    (QWEN25_05B, dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64,
-                      rope_theta=1e6, attention_bias=True, tie_word_embeddings=True)),
-    (SMOLLM2_135M, dict(num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=1e5,
-                        rms_norm_eps=1e-5, attention_bias=False, tie_word_embeddings=True)),
-    ({**SMOLLM2_135M, "rope_theta": None, "head_dim": 32, "tie_word_embeddings": False,
-      "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}},
-     dict(head_dim=32, rope_theta=5e5, tie_word_embeddings=False)),
-])
+@pytest.mark.parametrize(
+    "hf, expected",
+    [
+        (
+            QWEN25_05B,
+            dict(
+                hidden_size=896,
+                num_layers=24,
+                num_heads=14,
+                num_kv_heads=2,
+                head_dim=64,
+                rope_theta=1e6,
+                attention_bias=True,
+                tie_word_embeddings=True,
+            ),
+        ),
+        (
+            SMOLLM2_135M,
+            dict(
+                num_layers=30,
+                num_heads=9,
+                num_kv_heads=3,
+                head_dim=64,
+                rope_theta=1e5,
+                rms_norm_eps=1e-5,
+                attention_bias=False,
+                tie_word_embeddings=True,
+            ),
+        ),
+        (
+            {
+                **SMOLLM2_135M,
+                "rope_theta": None,
+                "head_dim": 32,
+                "tie_word_embeddings": False,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
+            },
+            dict(head_dim=32, rope_theta=5e5, tie_word_embeddings=False),
+        ),
+    ],
+)
 def test_from_hf_config_reads_real_config_files(hf, expected):
-    config = ModelConfig.from_hf_config({k: v for k, v in hf.items() if v is not None},
-                                        dtype="bfloat16")
+    config = ModelConfig.from_hf_config(
+        {k: v for k, v in hf.items() if v is not None}, dtype="bfloat16"
+    )
     assert {k: getattr(config, k) for k in expected} == expected
     assert config.dtype == "bfloat16" and config.param_dtype == "float32"
 
@@ -266,15 +360,24 @@ def test_qwen25_parameter_count():
     assert ModelConfig.from_hf_config(QWEN25_05B).num_params == 494_032_768
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(architectures=["GPT2LMHeadModel"]), "unsupported architecture ['GPT2LMHeadModel']"),
-    (dict(architectures=[], model_type="mistral"), "unsupported model_type 'mistral'"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "unsupported rope scaling 'yarn'"),
-    (dict(rope_interleaved=True), "rope_interleaved=True"),
-    (dict(mlp_bias=True), "mlp_bias=True"),
-    (dict(layer_types=["sliding_attention"] * 30), "unsupported layer_types ['sliding_attention']"),
-    (dict(num_attention_heads=0), "num_heads must be a positive int; got 0"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(architectures=["GPT2LMHeadModel"]), "unsupported architecture ['GPT2LMHeadModel']"),
+        (dict(architectures=[], model_type="mistral"), "unsupported model_type 'mistral'"),
+        (
+            dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+            "unsupported rope scaling 'yarn'",
+        ),
+        (dict(rope_interleaved=True), "rope_interleaved=True"),
+        (dict(mlp_bias=True), "mlp_bias=True"),
+        (
+            dict(layer_types=["sliding_attention"] * 30),
+            "unsupported layer_types ['sliding_attention']",
+        ),
+        (dict(num_attention_heads=0), "num_heads must be a positive int; got 0"),
+    ],
+)
 def test_from_hf_config_rejects_unsupported(change, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelConfig.from_hf_config({**SMOLLM2_135M, **change})
@@ -285,10 +388,13 @@ def test_from_hf_config_rejects_unknown_override():
         ModelConfig.from_hf_config(SMOLLM2_135M, dtyp="bfloat16")
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(batch_size=0, max_len=4), "batch_size must be a positive int; got 0"),
-    (dict(batch_size=2, max_len=-1), "max_len must be a positive int; got -1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(batch_size=0, max_len=4), "batch_size must be a positive int; got 0"),
+        (dict(batch_size=2, max_len=-1), "max_len must be a positive int; got -1"),
+    ],
+)
 def test_cache_init_rejects_bad_sizes(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         KVCache.init(TINY, **kwargs)
@@ -296,7 +402,9 @@ def test_cache_init_rejects_bad_sizes(kwargs, message):
 
 def test_call_rejects_mismatched_shapes(model):
     ids = jnp.zeros((2, 5), jnp.int32)
-    with pytest.raises(ValueError, match=r"attention_mask must have the shape of input_ids \(2, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"attention_mask must have the shape of input_ids \(2, 5\)"
+    ):
         model(ids, attention_mask=jnp.ones((2, 4), bool))
     with pytest.raises(ValueError, match="cache batch size 3 != input_ids batch size 2"):
         model(ids, cache=KVCache.init(TINY, 3, 8))

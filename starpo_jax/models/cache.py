@@ -25,16 +25,24 @@ class KVCache:
     end: jax.Array
 
     @classmethod
-    def init(cls, config: ModelConfig, batch_size: int, max_len: int,
-             dtype: jnp.dtype | str | None = None) -> KVCache:
+    def init(
+        cls,
+        config: ModelConfig,
+        batch_size: int,
+        max_len: int,
+        dtype: jnp.dtype | str | None = None,
+    ) -> KVCache:
         """An empty cache of `max_len` slots per row, in `dtype` (default: the compute dtype)."""
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"KVCache.init: {name} must be a positive int; got {value!r}")
         shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
         dtype = jnp.dtype(dtype or config.dtype)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                   end=jnp.zeros((batch_size,), jnp.int32))
+        return cls(
+            k=jnp.zeros(shape, dtype),
+            v=jnp.zeros(shape, dtype),
+            end=jnp.zeros((batch_size,), jnp.int32),
+        )
 
     @property
     def max_len(self) -> int:

@@ -51,24 +51,37 @@ class ModelConfig:
     remat: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                f"({self.num_kv_heads}) for grouped-query attention")
+                f"({self.num_kv_heads}) for grouped-query attention"
+            )
         if self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings; got {self.head_dim}")
+            raise ValueError(
+                f"ModelConfig.head_dim must be even for rotary embeddings; got {self.head_dim}"
+            )
         for name in ("rope_theta", "rms_norm_eps", "initializer_range"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive number; got {value!r}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
-                raise ValueError(f"ModelConfig.{name} must be one of {DTYPES}; got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"ModelConfig.{name} must be one of {DTYPES}; got {getattr(self, name)!r}"
+                )
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -100,15 +113,18 @@ class ModelConfig:
         model_type = hf_config.get("model_type")
         known = [a for a in archs if a in SUPPORTED_ARCHITECTURES]
         if archs and not known:
-            raise ValueError(f"unsupported architecture {archs}; supported: "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+            raise ValueError(
+                f"unsupported architecture {archs}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
         if known:
             family, bias_default = SUPPORTED_ARCHITECTURES[known[0]]
         else:
             by_type = {t: b for t, b in SUPPORTED_ARCHITECTURES.values()}
             if model_type not in by_type:
-                raise ValueError(f"unsupported model_type {model_type!r} (no architectures given); "
-                                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+                raise ValueError(
+                    f"unsupported model_type {model_type!r} (no architectures given); "
+                    f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                )
             family, bias_default = model_type, by_type[model_type]
 
         act = hf_config.get("hidden_act", "silu")
@@ -117,20 +133,28 @@ class ModelConfig:
         if hf_config.get("mlp_bias"):
             raise ValueError("unsupported mlp_bias=True; only bias-free MLPs are implemented")
         if hf_config.get("use_sliding_window"):
-            raise ValueError("unsupported use_sliding_window=True; only full attention is implemented")
+            raise ValueError(
+                "unsupported use_sliding_window=True; only full attention is implemented"
+            )
         if hf_config.get("rope_interleaved"):
             raise ValueError("unsupported rope_interleaved=True; only the rotate_half layout")
         layer_types = set(hf_config.get("layer_types") or ["full_attention"])
         if layer_types != {"full_attention"}:
-            raise ValueError(f"unsupported layer_types {sorted(layer_types)}; only 'full_attention'")
+            raise ValueError(
+                f"unsupported layer_types {sorted(layer_types)}; only 'full_attention'"
+            )
 
         # transformers >= 5 writes `rope_parameters`; older files write rope_theta / rope_scaling.
         rope = dict(hf_config.get("rope_parameters") or {})
         scaling = hf_config.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+        rope_type = (
+            rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+        )
         if rope_type != "default":
-            raise ValueError(f"unsupported rope scaling {rope_type!r}; only 'default' rotary "
-                             "embeddings are implemented")
+            raise ValueError(
+                f"unsupported rope scaling {rope_type!r}; only 'default' rotary "
+                "embeddings are implemented"
+            )
         rope_theta = rope.get("rope_theta", hf_config.get("rope_theta", 10000.0))
 
         defaults = _HF_DEFAULTS[family]
@@ -147,10 +171,12 @@ class ModelConfig:
             rope_theta=float(rope_theta),
             rms_norm_eps=float(hf_config.get("rms_norm_eps", defaults["rms_norm_eps"])),
             attention_bias=bool(hf_config.get("attention_bias", bias_default)),
-            tie_word_embeddings=bool(hf_config.get("tie_word_embeddings",
-                                                   defaults["tie_word_embeddings"])),
-            max_position_embeddings=hf_config.get("max_position_embeddings",
-                                                  defaults["max_position_embeddings"]),
+            tie_word_embeddings=bool(
+                hf_config.get("tie_word_embeddings", defaults["tie_word_embeddings"])
+            ),
+            max_position_embeddings=hf_config.get(
+                "max_position_embeddings", defaults["max_position_embeddings"]
+            ),
             initializer_range=float(hf_config.get("initializer_range", 0.02)),
         )
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}

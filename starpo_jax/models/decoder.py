@@ -20,17 +20,23 @@ from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.layers import LayerStack, logical_param, rms_norm, rope_tables
 
 
-def _check_inputs(input_ids: jax.Array, positions: jax.Array | None,
-                  attention_mask: jax.Array | None, cache: KVCache | None) -> None:
+def _check_inputs(
+    input_ids: jax.Array,
+    positions: jax.Array | None,
+    attention_mask: jax.Array | None,
+    cache: KVCache | None,
+) -> None:
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, T]; got shape {input_ids.shape}")
     for name, x in (("positions", positions), ("attention_mask", attention_mask)):
         if x is not None and x.shape != input_ids.shape:
-            raise ValueError(f"{name} must have the shape of input_ids {input_ids.shape}; "
-                             f"got {x.shape}")
+            raise ValueError(
+                f"{name} must have the shape of input_ids {input_ids.shape}; got {x.shape}"
+            )
     if cache is not None and cache.batch_size != input_ids.shape[0]:
-        raise ValueError(f"cache batch size {cache.batch_size} != input_ids batch size "
-                         f"{input_ids.shape[0]}")
+        raise ValueError(
+            f"cache batch size {cache.batch_size} != input_ids batch size {input_ids.shape[0]}"
+        )
 
 
 class Decoder(nnx.Module):
@@ -47,28 +53,40 @@ class Decoder(nnx.Module):
         std, dtype = config.initializer_range, config.weight_dtype
         d = config.hidden_size
         self.embed = logical_param(
-            std * jax.random.normal(rngs.params(), (config.vocab_size, d), dtype), ("vocab", "embed"))
+            std * jax.random.normal(rngs.params(), (config.vocab_size, d), dtype),
+            ("vocab", "embed"),
+        )
         self.layers = LayerStack(config, rngs=rngs)
         self.final_norm = logical_param(jnp.ones((d,), dtype), ("embed",))
-        self.lm_head = None if config.tie_word_embeddings else logical_param(
-            std * jax.random.normal(rngs.params(), (d, config.vocab_size), dtype), ("embed", "vocab"))
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else logical_param(
+                std * jax.random.normal(rngs.params(), (d, config.vocab_size), dtype),
+                ("embed", "vocab"),
+            )
+        )
         if value_head:
             # float32 whatever param_dtype: a single vector, and value targets are fine-grained.
             self.value_head = logical_param(
-                std * jax.random.normal(rngs.params(), (d,), jnp.float32), ("embed",))
+                std * jax.random.normal(rngs.params(), (d,), jnp.float32), ("embed",)
+            )
             self.value_bias = logical_param(jnp.zeros((), jnp.float32), ())
         else:
             self.value_head = self.value_bias = None
 
-    def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                      attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-                      ) -> jax.Array | tuple[jax.Array, KVCache]:
+    def hidden_states(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> jax.Array | tuple[jax.Array, KVCache]:
         """Final-normed hidden states [B, T, D] (compute dtype), and the new cache when given."""
         _check_inputs(input_ids, positions, attention_mask, cache)
         cfg = self.config
         b, t = input_ids.shape
-        mask = (jnp.ones((b, t), bool) if attention_mask is None
-                else attention_mask.astype(bool))
+        mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
         steps = jnp.arange(t, dtype=jnp.int32)
         if cache is None:
             if positions is None:
@@ -81,8 +99,9 @@ class Decoder(nnx.Module):
                 positions = slots
             filled = cache.end + mask.sum(-1, dtype=jnp.int32)  # [B]
             keys = jnp.arange(cache.max_len, dtype=jnp.int32)
-            visible = ((keys[None, None, :] <= slots[:, :, None])
-                       & (keys[None, None, :] < filled[:, None, None]))
+            visible = (keys[None, None, :] <= slots[:, :, None]) & (
+                keys[None, None, :] < filled[:, None, None]
+            )
             kv = (cache.k, cache.v, slots)
 
         h = jnp.take(self.embed[...], input_ids, axis=0).astype(cfg.compute_dtype)
@@ -101,17 +120,25 @@ class Decoder(nnx.Module):
         w = self.lm_head[...].astype(hidden.dtype)
         return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
 
-    def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-                 ) -> jax.Array | tuple[jax.Array, KVCache]:
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        cache: KVCache | None = None,
+    ) -> jax.Array | tuple[jax.Array, KVCache]:
         """Logits [B, T, V] float32, or (logits, new_cache) when a cache is given."""
         out = self.hidden_states(input_ids, positions, attention_mask, cache)
         if cache is None:
             return self.logits_from_hidden(out)
         return self.logits_from_hidden(out[0]), out[1]
 
-    def value(self, input_ids: jax.Array, positions: jax.Array | None = None,
-              attention_mask: jax.Array | None = None) -> jax.Array:
+    def value(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+    ) -> jax.Array:
         """Scalar value per token [B, T] float32 (critic); needs `value_head=True`."""
         if self.value_head is None:
             raise ValueError("this Decoder has no value head; build it with value_head=True")

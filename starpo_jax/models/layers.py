@@ -19,7 +19,7 @@ _MASKED = -1e30
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm over the last axis, computed in float32: x [..., D], weight [D] -> [..., D] x.dtype."""
+    """RMSNorm over the last axis in float32: x [..., D], weight [D] -> [..., D] in x.dtype."""
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return (normed * weight.astype(jnp.float32)).astype(x.dtype)
@@ -56,7 +56,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array) -> j
     kvh = k.shape[2]
     q = q.reshape(b, t, kvh, h // kvh, hd)
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (hd ** -0.5)
+    scores = scores * (hd**-0.5)
     scores = jnp.where(visible[:, None, None, :, :], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
@@ -99,8 +99,14 @@ def layer_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     n, d, f = config.num_layers, config.hidden_size, config.intermediate_size
     qd, kvd = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     shapes = {
-        "attn_norm": (n, d), "q_proj": (n, d, qd), "k_proj": (n, d, kvd), "v_proj": (n, d, kvd),
-        "o_proj": (n, qd, d), "mlp_norm": (n, d), "gate_proj": (n, d, f), "up_proj": (n, d, f),
+        "attn_norm": (n, d),
+        "q_proj": (n, d, qd),
+        "k_proj": (n, d, kvd),
+        "v_proj": (n, d, kvd),
+        "o_proj": (n, qd, d),
+        "mlp_norm": (n, d),
+        "gate_proj": (n, d, f),
+        "up_proj": (n, d, f),
         "down_proj": (n, f, d),
     }
     if config.attention_bias:
@@ -124,9 +130,14 @@ class LayerStack(nnx.Module):
             axes = _WEIGHT_AXES.get(name) or _BIAS_AXES[name]
             setattr(self, name, logical_param(value, axes))
 
-    def __call__(self, h: jax.Array, cos: jax.Array, sin: jax.Array, visible: jax.Array,
-                 kv: tuple[jax.Array, jax.Array, jax.Array] | None = None,
-                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    def __call__(
+        self,
+        h: jax.Array,
+        cos: jax.Array,
+        sin: jax.Array,
+        visible: jax.Array,
+        kv: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Runs every layer.
 
         h [B, T, D]; cos, sin [B, T, head_dim]; visible [B, T, S] bool (S = T without a cache).
@@ -151,8 +162,9 @@ class LayerStack(nnx.Module):
             k = apply_rope(project(x, w, "k", cfg.num_kv_heads), cos, sin)
             return q, k, project(x, w, "v", cfg.num_kv_heads)
 
-        def attend_and_mlp(h: jax.Array, w: dict[str, jax.Array], q: jax.Array, k: jax.Array,
-                           v: jax.Array) -> jax.Array:
+        def attend_and_mlp(
+            h: jax.Array, w: dict[str, jax.Array], q: jax.Array, k: jax.Array, v: jax.Array
+        ) -> jax.Array:
             attn = attention(q, k.astype(q.dtype), v.astype(q.dtype), visible)
             h = h + _dense(attn.reshape(b, t, -1), w["o_proj"])
             x = rms_norm(h, w["mlp_norm"], cfg.rms_norm_eps)
@@ -160,8 +172,10 @@ class LayerStack(nnx.Module):
             return h + _dense(mlp, w["down_proj"])
 
         if kv is None:
+
             def body(h, w):
                 return attend_and_mlp(h, w, *attention_inputs(h, w)), None
+
             if cfg.remat:
                 body = jax.checkpoint(body, prevent_cse=False)  # scan already blocks CSE
             h, _ = jax.lax.scan(body, h, weights)

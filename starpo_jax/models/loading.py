@@ -12,8 +12,9 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 TINY_RANDOM_NAME = "tiny-random"
 
 
-def load_pretrained(source: str | os.PathLike, dtype: str = "float32", *,
-                    value_head: bool = False) -> tuple[Decoder, Any]:
+def load_pretrained(
+    source: str | os.PathLike, dtype: str = "float32", *, value_head: bool = False
+) -> tuple[Decoder, Any]:
     """Loads a model and its tokenizer; `dtype` sets both compute and parameter dtype.
 
     value_head=True adds the scalar value head of a critic (freshly initialised unless the
@@ -32,8 +33,10 @@ def load_pretrained(source: str | os.PathLike, dtype: str = "float32", *,
         from starpo_jax.models.params import load_hf_directory, model_from_hf_tensors
 
         config, tensors = load_hf_directory(path, dtype=dtype, param_dtype=dtype)
-        return (model_from_hf_tensors(config, tensors, value_head=value_head),
-                AutoTokenizer.from_pretrained(str(path)))
+        return (
+            model_from_hf_tensors(config, tensors, value_head=value_head),
+            AutoTokenizer.from_pretrained(str(path)),
+        )
     if str(source).endswith(".gguf"):
         if not path.is_file():
             raise FileNotFoundError(f"no GGUF file at {str(source)!r}")
@@ -52,4 +55,5 @@ def load_pretrained(source: str | os.PathLike, dtype: str = "float32", *,
     raise FileNotFoundError(
         f"cannot load model {str(source)!r}: no such directory, and not a .gguf path or a known "
         f"name; accepted: a Hugging Face model directory (config.json + *.safetensors), a path to "
-        f"a .gguf file, {EMBEDDED_NAME!r}, {TINY_RANDOM_NAME!r}")
+        f"a .gguf file, {EMBEDDED_NAME!r}, {TINY_RANDOM_NAME!r}"
+    )

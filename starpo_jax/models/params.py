@@ -45,7 +45,10 @@ _VALUE_NAMES = ("score.weight", "score.bias")
 def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Hugging Face tensor name -> its shape, for every tensor the config requires."""
     v, d = config.vocab_size, config.hidden_size
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (v, d),
+        "model.norm.weight": (d,),
+    }
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, d)
     for name, shape in layer_weight_shapes(config).items():
@@ -56,36 +59,57 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check_tensors(config: ModelConfig, tensors: Mapping[str, np.ndarray], value_head: bool) -> None:
+def _check_tensors(
+    config: ModelConfig, tensors: Mapping[str, np.ndarray], value_head: bool
+) -> None:
     expected = _expected_shapes(config)
     missing = [k for k in expected if k not in tensors]
     if missing:
-        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s) the config needs: "
-                         f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        raise ValueError(
+            f"checkpoint is missing {len(missing)} tensor(s) the config needs: "
+            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
+        )
     optional = set(_VALUE_NAMES) if value_head else set()
     if config.tie_word_embeddings:
         optional.add("lm_head.weight")
     # Old checkpoints carry the rotary frequency buffers; they are recomputed from rope_theta.
-    unexpected = [k for k in tensors if k not in expected and k not in optional
-                  and not k.endswith("rotary_emb.inv_freq")]
+    unexpected = [
+        k
+        for k in tensors
+        if k not in expected and k not in optional and not k.endswith("rotary_emb.inv_freq")
+    ]
     if unexpected:
-        raise ValueError(f"checkpoint has {len(unexpected)} tensor(s) this config does not use: "
-                         f"{', '.join(sorted(unexpected)[:8])}{' ...' if len(unexpected) > 8 else ''}")
+        raise ValueError(
+            f"checkpoint has {len(unexpected)} tensor(s) this config does not use: "
+            f"{', '.join(sorted(unexpected)[:8])}{' ...' if len(unexpected) > 8 else ''}"
+        )
     for key, shape in expected.items():
         if tuple(tensors[key].shape) != shape:
-            raise ValueError(f"tensor {key!r}: expected shape {shape}, found {tuple(tensors[key].shape)}")
-    if config.tie_word_embeddings and "lm_head.weight" in tensors and not np.array_equal(
-            np.asarray(tensors["lm_head.weight"]), np.asarray(tensors["model.embed_tokens.weight"])):
-        raise ValueError("config says tie_word_embeddings=True but 'lm_head.weight' differs from "
-                         "'model.embed_tokens.weight'; set tie_word_embeddings=False")
+            raise ValueError(
+                f"tensor {key!r}: expected shape {shape}, found {tuple(tensors[key].shape)}"
+            )
+    if (
+        config.tie_word_embeddings
+        and "lm_head.weight" in tensors
+        and not np.array_equal(
+            np.asarray(tensors["lm_head.weight"]), np.asarray(tensors["model.embed_tokens.weight"])
+        )
+    ):
+        raise ValueError(
+            "config says tie_word_embeddings=True but 'lm_head.weight' differs from "
+            "'model.embed_tokens.weight'; set tie_word_embeddings=False"
+        )
     d = config.hidden_size
     for key, shape in zip(_VALUE_NAMES, ((1, d), (1,))):
         if value_head and key in tensors and tuple(tensors[key].shape) != shape:
-            raise ValueError(f"tensor {key!r}: expected shape {shape}, found {tuple(tensors[key].shape)}")
+            raise ValueError(
+                f"tensor {key!r}: expected shape {shape}, found {tuple(tensors[key].shape)}"
+            )
 
 
-def model_from_hf_tensors(config: ModelConfig, tensors: Mapping[str, np.ndarray], *,
-                          value_head: bool = False) -> Decoder:
+def model_from_hf_tensors(
+    config: ModelConfig, tensors: Mapping[str, np.ndarray], *, value_head: bool = False
+) -> Decoder:
     """A Decoder holding the given Hugging Face-named weights (cast to config.param_dtype).
 
     tensors: e.g. "model.embed_tokens.weight" [V, D], "model.layers.0.self_attn.q_proj.weight"
@@ -104,18 +128,24 @@ def model_from_hf_tensors(config: ModelConfig, tensors: Mapping[str, np.ndarray]
     layers = {}
     for name in layer_weight_shapes(config):
         hf_name, transposed = _LAYER_NAMES[name]
-        per_layer = [np.asarray(tensors[f"model.layers.{i}.{hf_name}"]) for i in range(config.num_layers)]
+        per_layer = [
+            np.asarray(tensors[f"model.layers.{i}.{hf_name}"]) for i in range(config.num_layers)
+        ]
         stacked = np.stack([w.T if transposed else w for w in per_layer])
         layers[name] = jnp.asarray(stacked, dtype=dtype)
-    values = {"embed": to_param(tensors["model.embed_tokens.weight"]),
-              "final_norm": to_param(tensors["model.norm.weight"]), "layers": layers}
+    values = {
+        "embed": to_param(tensors["model.embed_tokens.weight"]),
+        "final_norm": to_param(tensors["model.norm.weight"]),
+        "layers": layers,
+    }
     if not config.tie_word_embeddings:
         values["lm_head"] = to_param(tensors["lm_head.weight"], transpose=True)
     if value_head:
         if _VALUE_NAMES[0] in tensors:
             values["value_head"] = jnp.asarray(np.asarray(tensors[_VALUE_NAMES[0]])[0], jnp.float32)
             values["value_bias"] = jnp.asarray(
-                np.asarray(tensors.get(_VALUE_NAMES[1], np.zeros(1)))[0], jnp.float32)
+                np.asarray(tensors.get(_VALUE_NAMES[1], np.zeros(1)))[0], jnp.float32
+            )
         else:
             fresh = jax.random.normal(jax.random.key(0), (config.hidden_size,), jnp.float32)
             values["value_head"] = config.initializer_range * fresh
@@ -130,8 +160,16 @@ def model_from_hf_tensors(config: ModelConfig, tensors: Mapping[str, np.ndarray]
 
 # safetensors dtype tag -> numpy dtype (bfloat16 via ml_dtypes, which JAX already depends on).
 _SAFETENSORS_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
 }
 
 
@@ -146,8 +184,10 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         head = f.read(8)
         header_len = int.from_bytes(head, "little") if len(head) == 8 else -1
         if not 0 < header_len <= size - 8:
-            raise ValueError(f"{path}: not a valid safetensors file (header length {header_len}, "
-                             f"file size {size} bytes); truncated or corrupt?")
+            raise ValueError(
+                f"{path}: not a valid safetensors file (header length {header_len}, "
+                f"file size {size} bytes); truncated or corrupt?"
+            )
         try:
             header = json.loads(f.read(header_len))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -164,18 +204,24 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
             shape = tuple(int(s) for s in info["shape"])
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: tensor {name!r} has an unsupported or corrupt header entry "
-                             f"{info!r} ({e!r}); dtypes read: {sorted(_SAFETENSORS_DTYPES)}") from None
+            raise ValueError(
+                f"{path}: tensor {name!r} has an unsupported or corrupt header entry "
+                f"{info!r} ({e!r}); dtypes read: {sorted(_SAFETENSORS_DTYPES)}"
+            ) from None
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if end - begin != nbytes or data_start + end > size:
-            raise ValueError(f"{path}: tensor {name!r} needs bytes {begin}..{end} of the data section "
-                             f"({nbytes} expected for {shape} {dtype}) but the data section has "
-                             f"{size - data_start} bytes; truncated or corrupt file")
-        tensors[name] = data[data_start + begin:data_start + end].view(dtype).reshape(shape)
+            raise ValueError(
+                f"{path}: tensor {name!r} needs bytes {begin}..{end} of the data section "
+                f"({nbytes} expected for {shape} {dtype}) but the data section has "
+                f"{size - data_start} bytes; truncated or corrupt file"
+            )
+        tensors[name] = data[data_start + begin : data_start + end].view(dtype).reshape(shape)
     return tensors
 
 
-def load_hf_directory(path: str | os.PathLike, **config_overrides) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+def load_hf_directory(
+    path: str | os.PathLike, **config_overrides
+) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Reads a local Hugging Face model directory: config.json + model.safetensors, or the shards
     listed in model.safetensors.index.json. `config_overrides` go to ModelConfig (e.g. dtype).
 
@@ -187,8 +233,10 @@ def load_hf_directory(path: str | os.PathLike, **config_overrides) -> tuple[Mode
         raise FileNotFoundError(f"no model directory at {str(root)!r}")
     config_path = root / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{str(root)!r} has no config.json (found: "
-                                f"{', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'})")
+        raise FileNotFoundError(
+            f"{str(root)!r} has no config.json (found: "
+            f"{', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'})"
+        )
     config = ModelConfig.from_hf_config(json.loads(config_path.read_text()), **config_overrides)
 
     index_path = root / "model.safetensors.index.json"
@@ -202,10 +250,13 @@ def load_hf_directory(path: str | os.PathLike, **config_overrides) -> tuple[Mode
     else:
         raise FileNotFoundError(
             f"{str(root)!r} has neither model.safetensors nor model.safetensors.index.json "
-            "(only safetensors checkpoints are read; convert .bin files with transformers first)")
+            "(only safetensors checkpoints are read; convert .bin files with transformers first)"
+        )
     tensors: dict[str, np.ndarray] = {}
     for shard in shards:
         if not (root / shard).is_file():
-            raise FileNotFoundError(f"shard {shard!r} listed in {index_path.name} is missing from {str(root)!r}")
+            raise FileNotFoundError(
+                f"shard {shard!r} listed in {index_path.name} is missing from {str(root)!r}"
+            )
         tensors.update(read_safetensors(root / shard))
     return config, tensors
