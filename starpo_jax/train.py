@@ -248,12 +248,12 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
 
     def minibatch_update(state: TrainState, mb) -> tuple[TrainState, Metrics]:
         grads, aux = jax.grad(actor_loss, has_aux=True)(state.actor, mb)
-        aux["actor/grad_norm"] = optax.global_norm(grads)
+        aux["actor/grad_norm"] = optax.tree.norm(grads)
         updates, actor_opt = actor_tx.update(grads, state.actor_opt, state.actor)
         state = state.replace(actor=optax.apply_updates(state.actor, updates), actor_opt=actor_opt)
         if ppo:
             grads, critic_aux = jax.grad(critic_loss, has_aux=True)(state.critic, mb)
-            aux.update(critic_aux, **{"critic/grad_norm": optax.global_norm(grads)})
+            aux.update(critic_aux, **{"critic/grad_norm": optax.tree.norm(grads)})
             updates, critic_opt = critic_tx.update(grads, state.critic_opt, state.critic)
             state = state.replace(critic=optax.apply_updates(state.critic, updates),
                                   critic_opt=critic_opt)

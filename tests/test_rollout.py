@@ -25,7 +25,7 @@ from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.rollout import buffer_length, rollout  # noqa: E402
 from starpo_jax.text import build_codec, reference_parse, render_conversation_text, token_byte_table  # noqa: E402
 
-REPLY_TOKENS = 6
+REPLY_TOKENS = 4
 # A short prompt keeps the test fast; the codec is exact for any template.
 SHORT_TEMPLATE = dict(system="", intro="",
                       turn="Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens.")

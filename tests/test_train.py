@@ -1,0 +1,160 @@
+"""The compiled train step: it learns (bandit, GRPO), is a pure function of (state, key), and
+gives the same numbers sharded over 4 fake CPU devices as on one."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,  # noqa: E402
+                               RolloutConfig, TrainConfig)
+from starpo_jax.train import init_train_state, make_train_step, sequence_logprobs  # noqa: E402
+from test_rollout import REPLY_TOKENS, tiny_bandit_setup  # noqa: E402
+
+
+def _warm_start(model, tok, env, codec, steps=40):
+    """Teaches the random tiny model the answer format, both arms equally often (teacher forcing
+    on "<answer> Phoenix </answer>" / "<answer> Dragon </answer>" after the real first prompt):
+    RL then only has to move the choice between arms."""
+    states, _ = jax.vmap(env.reset)(jax.random.split(jax.random.PRNGKey(7), 4))
+    ids, n = codec.first_prompt(jax.vmap(env.render_symbols)(states), jnp.full((4,), 10))
+    ids, n = np.asarray(ids), np.asarray(n)
+    rows, masks = [], []
+    for b, arm in enumerate(["Phoenix", "Dragon", "Phoenix", "Dragon"]):
+        reply = tok.encode(f" {arm} </answer>", add_special_tokens=False)
+        row = ids[b, : n[b]].tolist() + list(codec.forced_prefix_ids) + reply
+        rows.append(row)
+        masks.append([0] * (len(row) - len(reply)) + [1] * len(reply))
+    width = max(map(len, rows))
+    tokens = jnp.array([r + [0] * (width - len(r)) for r in rows], jnp.int32)
+    mask = jnp.array([m + [0] * (width - len(m)) for m in masks], bool)
+    lengths = jnp.array([len(r) for r in rows], jnp.int32)
+    graphdef, params = nnx.split(model)
+    tx = optax.adam(1e-2)
+
+    def loss(p):
+        logp, _ = sequence_logprobs(nnx.merge(graphdef, p), tokens, lengths, mask, 8, 8)
+        return -jnp.sum(logp) / jnp.sum(mask)
+
+    @jax.jit
+    def update(p, o):
+        grads = jax.grad(loss)(p)
+        u, o = tx.update(grads, o, p)
+        return optax.apply_updates(p, u), o
+
+    opt_state = tx.init(params)
+    for _ in range(steps):
+        params, opt_state = update(params, opt_state)
+    return nnx.merge(graphdef, params)
+
+
+def _config(**rollout) -> TrainConfig:
+    return TrainConfig(
+        algo="grpo",
+        rollout=RolloutConfig(**{**dict(groups=8, group_size=4, max_turns=1,
+                                        reply_tokens=REPLY_TOKENS, mode="nothink"), **rollout}),
+        filter=FilterConfig(keep_ratio=1.0),
+        # Mean-only GRPO: with std normalisation the arm that wins MORE OFTEN gets the larger
+        # expected advantage (Phoenix's sure 0.1 beats Dragon's miss 3 times in 4), not the
+        # arm with the higher expected reward (Dragon: 0.25 > 0.1).
+        advantage=AdvantageConfig(grpo_mode="mean"),
+        loss=LossConfig(entropy_coef=0.0),
+        optim=OptimConfig(actor_lr=2e-3))
+
+
+def test_grpo_learns_the_high_risk_arm():
+    model, tok, env, codec = tiny_bandit_setup()
+    model = _warm_start(model, tok, env, codec)
+    config = _config()
+    state = init_train_state(config, jax.random.PRNGKey(0), model=model)
+    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id)
+    picks, formats = [], []
+    for i in range(30):
+        state, metrics = step(state, jax.random.PRNGKey(1))
+        picks.append(float(metrics["train/success"]))
+        formats.append(float(metrics["rollout/action_is_valid"]))
+    print("high-arm pick rate per step:", np.round(picks, 2).tolist())
+    assert np.mean(formats[:5]) > 0.5, "the warm start did not teach the answer format"
+    assert np.mean(picks[-5:]) > np.mean(picks[:5]) + 0.2, picks
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_same_key_same_metrics(algo):
+    model, tok, env, codec = tiny_bandit_setup()
+    config = TrainConfig(
+        algo=algo,
+        rollout=RolloutConfig(groups=2, group_size=2, max_turns=2, reply_tokens=REPLY_TOKENS,
+                              mode="nothink"),
+        filter=FilterConfig(keep_ratio=0.5),
+        loss=LossConfig(kl_coef=0.01),
+        optim=OptimConfig(actor_lr=1e-3, minibatches=2, rollout_reuse=2))
+    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id)
+    runs = []
+    for _ in range(2):
+        state = init_train_state(config, jax.random.PRNGKey(0), model=model)
+        state, first = step(state, jax.random.PRNGKey(5))
+        _, second = step(state, jax.random.PRNGKey(5))
+        runs.append(jax.device_get((first, second)))
+    assert runs[0] == runs[1]
+    assert all(np.isfinite(v) for v in runs[0][1].values())
+    assert runs[0][0]["actor/grad_norm"] > 0
+
+
+_SHARDED_SCRIPT = textwrap.dedent("""
+    import json, pickle, sys
+    import jax
+    from starpo_jax.config import TrainConfig
+    from starpo_jax.sharding import make_mesh, shard_state
+    from starpo_jax.train import init_train_state, make_train_step
+    model, tok, env, codec, config = pickle.load(open(sys.argv[1], "rb"))
+    assert jax.device_count() == 4, jax.devices()
+    out = {}
+    for name, mesh in (("single", None), ("sharded", make_mesh(tp=2))):
+        step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                               pad_id=tok.pad_token_id, mesh=mesh)
+        state = init_train_state(config, jax.random.PRNGKey(0), model=model)
+        if mesh is not None:
+            state = shard_state(state, model, mesh)
+        state, metrics = step(state, jax.random.PRNGKey(2))
+        out[name] = {k: float(v) for k, v in metrics.items()}
+        out[name + "_embed"] = str(state.actor["embed"].value.sharding)
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_sharded_step_equals_single_device(tmp_path):
+    model, tok, env, codec = tiny_bandit_setup()
+    config = TrainConfig(
+        algo="ppo",
+        rollout=RolloutConfig(groups=2, group_size=4, max_turns=2, reply_tokens=REPLY_TOKENS,
+                              mode="nothink"),
+        filter=FilterConfig(keep_ratio=1.0),
+        optim=OptimConfig(actor_lr=1e-3, minibatches=2))
+    setup = tmp_path / "setup.pkl"
+    setup.write_bytes(pickle.dumps((model, tok, env, codec, config)))
+    env_vars = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+                "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT, str(setup)], env=env_vars,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.split("RESULT", 1)[1])
+    assert "fsdp" in result["sharded_embed"] or "tp" in result["sharded_embed"]
+    single, sharded = result["single"], result["sharded"]
+    assert single.keys() == sharded.keys()
+    for key in single:
+        np.testing.assert_allclose(sharded[key], single[key], rtol=2e-3, atol=2e-4, err_msg=key)
