@@ -132,7 +132,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
             state = shard_state(state, model, mesh)
         state, metrics = step(state, jax.random.PRNGKey(2))
         out[name] = {k: float(v) for k, v in metrics.items()}
-        out[name + "_embed"] = str(state.actor["embed"].value.sharding)
+        out[name + "_embed"] = str(state.actor["embed"].get_value().sharding)
     print("RESULT" + json.dumps(out))
 """)
 

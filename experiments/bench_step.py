@@ -1,0 +1,116 @@
+"""Benchmark of the StarPO train step: compile time, per-phase time, tokens/s and peak memory.
+
+    python experiments/bench_step.py            # tiny-random and SmolLM2, P=8, N=16, 5 turns
+    python experiments/bench_step.py --quick    # tiny-random only, P=2, N=4, 2 turns
+
+Phases are timed as separately compiled programs on the same inputs: the rollout, the old
+log-probs (one teacher-forced forward of the kept rows, plus the critic's for PPO), and the
+whole step; "update" is step - rollout - old log-probs. Tokens/s counts every token in the
+buffers (prompts, env messages, replies) per second of the whole step; generated tokens/s
+counts sampled tokens per second of the rollout. Peak RSS is the process's
+(resource.getrusage), so it includes loading the model. A large f32 matmul is timed in the same
+run as the machine's reference (GFLOP/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import envs_jax  # noqa: E402
+from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
+from starpo_jax.models import load_pretrained  # noqa: E402
+from starpo_jax.rollout import buffer_length, rollout  # noqa: E402
+from starpo_jax.text import build_codec  # noqa: E402
+from starpo_jax.train import init_train_state, make_train_step, sequence_logprobs  # noqa: E402
+
+
+def _timed(fn, *args):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return out, time.perf_counter() - start
+
+
+def matmul_gflops(n: int = 2048) -> float:
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(f(a))
+    _, seconds = _timed(f, a)
+    return 2 * n**3 / seconds / 1e9
+
+
+def bench(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str):
+    model, tok = load_pretrained(model_name)
+    env = envs_jax.make(env_name)
+    codec = build_codec(tok, env, mode="think", max_tokens=reply, verify=20)
+    config = TrainConfig(algo=algo, rollout=RolloutConfig(groups=p, group_size=n, max_turns=turns,
+                                                          reply_tokens=reply),
+                         filter=FilterConfig(keep_ratio=0.25), optim=OptimConfig(minibatches=1))
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    graphdef, params = nnx.split(model)
+    roll = jax.jit(lambda prm, k: rollout(graphdef, prm, env, codec, config.rollout, k, **kw))
+    key = jax.random.PRNGKey(0)
+    start = time.perf_counter()
+    out = jax.block_until_ready(roll(params, key))
+    roll_compile = time.perf_counter() - start
+    out, roll_time = _timed(roll, params, key)
+
+    slots = turns * reply
+    rows = config.kept_groups * n
+    forward = jax.jit(lambda prm, t, ln, m: sequence_logprobs(nnx.merge(graphdef, prm), t, ln, m,
+                                                              slots, min(128, slots)))
+    args = (out.tokens[:rows], out.lengths[:rows], out.loss_mask[:rows])
+    jax.block_until_ready(forward(params, *args))
+    _, forward_time = _timed(forward, params, *args)
+    if algo == "ppo":
+        forward_time *= 2  # the critic's forward costs the same trunk again
+
+    step = make_train_step(config, env, codec, model=model, **kw)
+    state = init_train_state(config, jax.random.PRNGKey(1), model=model)
+    start = time.perf_counter()
+    lowered = step.lower(state, key)
+    compiled = lowered.compile()
+    step_compile = time.perf_counter() - start
+    state, metrics = jax.block_until_ready(compiled(state, key))
+    state, step_time = _timed(compiled, state, key)
+    buffered = int(out.lengths.sum())
+    generated = int(out.reply_lengths.sum())
+    return dict(model=model_name, env=env_name, algo=algo, B=p * n, L=buffer_length(codec, config.rollout),
+                turns=turns, reply=reply, compile_step=step_compile, compile_rollout=roll_compile,
+                rollout=roll_time, old_logprobs=forward_time,
+                update=max(step_time - roll_time - forward_time, 0.0), step=step_time,
+                tok_s=buffered / step_time, gen_tok_s=generated / roll_time,
+                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny-random only, small batch")
+    parser.add_argument("--env", default="sokoban")
+    parser.add_argument("--algo", default="ppo", choices=("ppo", "grpo"))
+    parser.add_argument("--reply", type=int, default=100, help="reply token budget per turn")
+    args = parser.parse_args()
+    if args.quick:
+        cases = [("tiny-random", 2, 4, 2, 16)]
+    else:
+        cases = [("tiny-random", 8, 16, 5, args.reply), ("smollm2-135m-instruct", 8, 16, 5, args.reply)]
+    print(f"devices: {jax.devices()}; f32 matmul reference: {matmul_gflops():.1f} GFLOP/s")
+    cols = ("model", "env", "algo", "B", "L", "turns", "reply", "compile_step", "compile_rollout",
+            "rollout", "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "peak_rss_gib")
+    print(" | ".join(cols))
+    for model_name, p, n, turns, reply in cases:
+        row = bench(model_name, args.env, p, n, turns, reply, args.algo)
+        print(" | ".join(f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c]) for c in cols),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
