@@ -134,8 +134,8 @@ class Bandit(TextEnv[State, Observation]):
         """A state from a `render_text` string: a menu (fixes the order) or a feedback line
         (fixes arm and payout; the order, no longer visible, is drawn from key)."""
         if text not in self._states_by_text:
-            menus = "\n".join(f"  {s}" for s in self._states_by_text)
-            raise ValueError(f"not a text this bandit renders: {text!r}; it renders:\n{menus}")
+            known = "\n".join(f"  {s}" for s in self._states_by_text)
+            raise ValueError(f"not a text this bandit renders: {text!r}; it renders:\n{known}")
         order, pulled, payout = self._states_by_text[text]
         order_key, state_key = jax.random.split(key)
         if order is None:

