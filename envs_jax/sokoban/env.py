@@ -45,10 +45,12 @@ class Sokoban(TextEnv[State, Observation]):
       search_depth: the original's reverse-search depth (pulls up to search_depth - 2).
       symbols: the 7 strings of wall, empty, target, box on target, box, player,
         player on target (constants.SYMBOLS or NEW_VOCAB_SYMBOLS).
-      max_gen_attempts: cap on rounds of level draws before the fixed fallback level.
+      max_gen_attempts: cap on level draws (attempts) per level before the fixed fallback
+        level.
       num_playouts, playout_length: the generator's reverse search (defaults calibrated to the
         original's difficulty; playout_length defaults to min(search_depth - 2, 40)).
-      attempts_per_round: level candidates drawn side by side per retry round.
+      gen_slot_divisor: under vmap over B keys, each retry round draws ceil(B / divisor)
+        attempts side by side, shared by the levels still pending.
     """
 
     action_names = c.ACTION_NAMES
@@ -63,7 +65,7 @@ class Sokoban(TextEnv[State, Observation]):
         max_gen_attempts: int = 64,
         num_playouts: int = 16,
         playout_length: int | None = None,
-        attempts_per_round: int = 1,
+        gen_slot_divisor: int = 4,
     ):
         if not (isinstance(dim_room, (tuple, list)) and len(dim_room) == 2):
             raise ValueError(f"dim_room must be a (rows, cols) pair; got {dim_room!r}")
@@ -95,7 +97,7 @@ class Sokoban(TextEnv[State, Observation]):
             num_playouts=_check_int("num_playouts", num_playouts, 1),
             playout_length=_check_int("playout_length", playout_length, 1, search_depth - 2),
             max_attempts=_check_int("max_gen_attempts", max_gen_attempts, 1),
-            attempts_per_round=_check_int("attempts_per_round", attempts_per_round, 1),
+            slot_divisor=_check_int("gen_slot_divisor", gen_slot_divisor, 1),
         )
         self.dim_room = (rows, cols)
         self.num_boxes = num_boxes

@@ -25,11 +25,13 @@ round fails (vanishingly rare) a fixed, solvable fallback level is returned.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from envs_jax.sokoban import constants as c
@@ -45,6 +47,8 @@ _MASKS = np.array(
     ],
     dtype=bool,
 )
+# Each mask as 9 bits, bit 3 * row + col.
+_MASK_BITS = np.array([sum(1 << i for i in np.flatnonzero(m)) for m in _MASKS], np.uint32)
 _MOVES = np.array(c.MOVES, np.int32)
 
 
@@ -58,7 +62,7 @@ class GeneratorConfig:
     num_playouts: int
     playout_length: int
     max_attempts: int
-    attempts_per_round: int
+    slot_divisor: int
 
 
 class Level(NamedTuple):
@@ -80,36 +84,87 @@ class _Candidate(NamedTuple):
     valid: chex.Array  # [] bool
 
 
-def carve_room(key: chex.PRNGKey, dim_room: tuple[int, int]) -> chex.Array:
-    """Floor cells of a randomly carved room: bool [H, W] (False on the border)."""
+def _fmix32(x: chex.Array) -> chex.Array:
+    """MurmurHash3's 32-bit finaliser (a bijection of uint32 that mixes every bit)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def _words(seed: chex.Array, counter: chex.Array, count: int) -> chex.Array:
+    """uint32 [count] pseudo-random words number counter..counter+count-1 of stream `seed` [2].
+
+    A counter hash, where a threefry call per attempt would cost more than a playout and,
+    on CPU, ~0.5 s of compile time per call site.
+    """
+    i = counter.astype(jnp.uint32) + jnp.arange(count, dtype=jnp.uint32)
+    return _fmix32(_fmix32(i ^ seed[0]) + seed[1])
+
+
+def _below(word: chex.Array, k: int | chex.Array) -> chex.Array:
+    """A uniform int32 in [0, k) from a uint32 word (its top 24 bits; k < 256)."""
+    return (((word >> 8) * jnp.asarray(k, jnp.uint32)) >> 24).astype(jnp.int32)
+
+
+def _chance(word: chex.Array, p: float) -> chex.Array:
+    """True with probability p (to 2^-32) from a uint32 word."""
+    return word < jnp.uint32(min(int(p * 2**32), 2**32 - 1))
+
+
+def carve_room(words: chex.Array, dim_room: tuple[int, int]) -> chex.Array:
+    """Floor cells of a randomly carved room: bool [H, W] (False on the border).
+
+    words: uint32 [carve_words(dim_room)] random words (one per walk step, then 3).
+    """
     h, w = dim_room
     num_steps = int(c.CARVE_STEPS_PER_SIDE * (h + w))
-    k_dir, k_start, k_turn, k_new, k_mask = jax.random.split(key, 5)
-    turn = jax.random.uniform(k_turn, (num_steps,)) < c.P_CHANGE_DIRECTION
-    new_dir = jax.random.randint(k_new, (num_steps,), 0, 4)
-    mask_id = jax.random.randint(k_mask, (num_steps,), 0, len(_MASKS))
-    # The original starts anywhere in [1, side - 1] and clamps each step into [1, side - 2].
-    start = jax.random.randint(k_start, (2,), 1, jnp.array([h, w]))
-    hi = jnp.array([h - 2, w - 2])
+    steps, extra = words[:num_steps], words[num_steps:]
+    turn = (steps & 0xFFFF) < int(c.P_CHANGE_DIRECTION * 2**16)
+    new_dir = ((steps >> 16) & 3).astype(jnp.int32)
+    mask_id = ((steps >> 18) * len(_MASKS)) >> 14
+    pattern = _select(mask_id, [int(m) for m in _MASK_BITS], jnp.uint32)  # [S] 9-bit masks
 
     def walk(carry, x):
-        direction, pos = carry
-        turn_now, new = x
+        direction, row, col, rows = carry
+        turn_now, new, stamp = x
         direction = jnp.where(turn_now, new, direction)
-        pos = jnp.clip(pos + jnp.asarray(_MOVES)[direction], 1, hi)
-        return (direction, pos), pos
+        # The original clamps each step into [1, side - 2].
+        row = jnp.clip(row + _select(direction, [int(m) for m in _MOVES[:, 0]]), 1, h - 2)
+        col = jnp.clip(col + _select(direction, [int(m) for m in _MOVES[:, 1]]), 1, w - 2)
+        # Floor as one bit mask per row: the 3x3 stamp is three 3-bit row slices.
+        shift = (col - 1).astype(jnp.uint32)
+        for k in range(3):
+            piece = ((stamp >> (3 * k)) & 7) << shift
+            rows = rows | jnp.where(jnp.arange(h) == row - 1 + k, piece, jnp.uint32(0))
+        return (direction, row, col, rows), None
 
-    first_dir = jax.random.randint(k_dir, (), 0, 4)
-    _, pos = jax.lax.scan(walk, (first_dir, start), (turn, new_dir))  # [S, 2]
-    rel_r = jnp.arange(h)[None, :, None] - pos[:, 0, None, None] + 1  # [S, H, 1]
-    rel_c = jnp.arange(w)[None, None, :] - pos[:, 1, None, None] + 1  # [S, 1, W]
-    inside = (rel_r >= 0) & (rel_r < 3) & (rel_c >= 0) & (rel_c < 3)
-    row_i, col_i = jnp.clip(rel_r, 0, 2), jnp.clip(rel_c, 0, 2)
-    stamp = jnp.asarray(_MASKS)[mask_id[:, None, None], row_i, col_i]
-    floor = jnp.any(inside & stamp, axis=0)
-    border = np.ones((h, w), bool)
-    border[1:-1, 1:-1] = False
-    return floor & ~border
+    # The original starts anywhere in [1, side - 1].
+    start = (_below(extra[2], 4), 1 + _below(extra[0], h - 1), 1 + _below(extra[1], w - 1))
+    init = (*start, jnp.zeros(h, jnp.uint32))
+    (*_, rows), _ = jax.lax.scan(walk, init, (turn, new_dir, pattern))
+    floor = ((rows[:, None] >> jnp.arange(w, dtype=jnp.uint32)) & 1).astype(bool)
+    r, col = jnp.arange(h)[:, None], jnp.arange(w)[None, :]
+    return floor & (r > 0) & (r < h - 1) & (col > 0) & (col < w - 1)
+
+
+def _select(index: chex.Array, values: list[int], dtype=jnp.int32) -> chex.Array:
+    """values[index] for a short list of Python ints, as a chain of selects.
+
+    The generator builds no array constants: `jax.custom_batching.custom_vmap` (see
+    `_searcher`) rejects closed-over constants once an outer vmap batches them (as jumanji's
+    auto-reset wrapper does through its lax.cond).
+    """
+    out = jnp.full(index.shape, values[0], dtype)
+    for i, v in enumerate(values[1:], 1):
+        out = jnp.where(index == i, v, out)
+    return out
+
+
+def carve_words(dim_room: tuple[int, int]) -> int:
+    """How many random words `carve_room` takes."""
+    return int(c.CARVE_STEPS_PER_SIDE * sum(dim_room)) + 3
 
 
 def pack_bits(cells: chex.Array) -> chex.Array:
@@ -134,11 +189,6 @@ def bit_at(bits: chex.Array, cell: chex.Array) -> chex.Array:
     return ((picked >> (cell & 31).astype(jnp.uint32)) & 1).astype(bool)
 
 
-def _pick(values: chex.Array, onehot: chex.Array) -> chex.Array:
-    """values[argmax(onehot)] along the last axis, as a masked sum (no gather under vmap)."""
-    return jnp.sum(jnp.where(onehot, values, 0), axis=-1)
-
-
 def _xorshift(x: chex.Array) -> chex.Array:
     """Marsaglia's xorshift32 step (uint32, never 0 from non-0): the playouts' cheap stream."""
     x = x ^ (x << 13)
@@ -147,107 +197,134 @@ def _xorshift(x: chex.Array) -> chex.Array:
 
 
 def _reverse_playouts(
-    key: chex.PRNGKey,
+    seeds: chex.Array,
     wall_bits: chex.Array,
-    target_bits: chex.Array,
     targets: chex.Array,
     player: chex.Array,
     cfg: GeneratorConfig,
 ) -> tuple[chex.Array, chex.Array, chex.Array]:
-    """Best (score [], player [], boxes [nb]) over `num_playouts` random pull-only playouts.
+    """Best (score [], player [], boxes [nb]) over random pull-only playouts, one per seed.
 
-    wall_bits, target_bits: packed uint32 [ceil(N / 32)] over flat cells; targets int32 [nb]
-    (the boxes start on them); player int32 [].
+    seeds: uint32 [num_playouts], non-zero; wall_bits: packed uint32 [ceil(N / 32)] over flat
+    cells; targets int32 [nb] (the boxes start on them); player int32 [].
+
+    Directions and boxes are unrolled into Python lists of per-playout scalars, so every op
+    runs over the (batch x playouts) lanes: a trailing axis of 4 directions or 2 boxes would
+    leave most of each SIMD register empty.
     """
     width = cfg.dim_room[1]
-    deltas = jnp.asarray(_MOVES[:, 0] * width + _MOVES[:, 1])  # [4]
-    t_row, t_col = targets // width, targets % width
+    deltas = [int(dr * width + dc) for dr, dc in _MOVES]
+    goals = [targets[i] for i in range(cfg.num_boxes)]
+    goal_rc = [(lax.div(t, width), lax.rem(t, width)) for t in goals]
 
     def score_of(p, boxes, swaps):
-        disp = jnp.sum(jnp.abs(boxes // width - t_row) + jnp.abs(boxes % width - t_col))
-        covered = bit_at(target_bits, p) | jnp.any(bit_at(target_bits, boxes))
+        disp = sum(
+            jnp.abs(lax.div(b, width) - tr) + jnp.abs(lax.rem(b, width) - tc)
+            for b, (tr, tc) in zip(boxes, goal_rc)
+        )
+        # Few targets: comparing against each is cheaper than a bit lookup.
+        covered = functools.reduce(
+            jnp.logical_or, [t == x for t in goals for x in (p, *boxes)]
+        )
         return jnp.where(covered, 0, swaps * disp)
 
-    def pull(carry, _):
-        p, boxes, last, swaps, rng, best = carry
-        ahead = p + deltas  # [4]
-        free = ~(bit_at(wall_bits, ahead) | jnp.any(ahead[:, None] == boxes[None, :], axis=1))
+    def choose(p, boxes, rng):
+        """(the next move: a flat delta, 0 if boxed in; the advanced rng)."""
+        free = [
+            ~functools.reduce(jnp.logical_or, [a == b for b in boxes], bit_at(wall_bits, a))
+            for a in (p + d for d in deltas)
+        ]
         # A uniformly random free direction: the DFS only counts moves that change the state.
         rng = _xorshift(rng)
-        num_free = jnp.sum(free, dtype=jnp.uint32)
-        pick = ((rng >> 16) * num_free) >> 16  # uniform in [0, num_free)
-        # Rank of each free direction among the free ones (an explicit prefix sum: cumsum
-        # lowers to a slow reduce-window on CPU).
-        f = free.astype(jnp.int32)
-        rank = jnp.stack([jnp.int32(0) * f[0], f[0], f[0] + f[1], f[0] + f[1] + f[2]])
-        chosen = free & (rank == pick.astype(jnp.int32))
-        can = num_free > 0
-        new_p = _pick(ahead, chosen)
-        pulled = can & (boxes == 2 * p - new_p)  # [nb]: the box right behind the player
-        boxes = jnp.where(pulled, p, boxes)
-        p = jnp.where(can, new_p, p)
-        any_pull = jnp.any(pulled)
-        box = jnp.argmax(pulled)
-        swaps = swaps + (any_pull & (box != last))
-        last = jnp.where(any_pull, box, last)
-        score = score_of(p, boxes, swaps)
+        f = [x.astype(jnp.uint32) for x in free]
+        rank = [jnp.uint32(0), f[0], f[0] + f[1], f[0] + f[1] + f[2]]
+        pick = ((rng >> 16) * (rank[3] + f[3])) >> 16  # uniform in [0, number free)
+        return sum(jnp.where(fr & (r == pick), d, 0) for fr, r, d in zip(free, rank, deltas)), rng
+
+    def pull(carry, _):
+        # The next move and the current score come in the carry (computed at the end of the
+        # previous step), so XLA materialises them once instead of fusing a copy of their
+        # computation into each of the ~10 carry outputs that read them.
+        p, boxes, last, swaps, rng, step, score, best = carry
         better = score > best[0]
         best = jax.tree.map(lambda new, old: jnp.where(better, new, old), (score, p, boxes), best)
-        return (p, boxes, last, swaps, rng, best), None
+        behind = p - step  # a box there follows the player
+        pulled = [(step != 0) & (b == behind) for b in boxes]
+        boxes = tuple(jnp.where(x, p, b) for x, b in zip(pulled, boxes))
+        p = p + step
+        any_pull = functools.reduce(jnp.logical_or, pulled)
+        box = sum(jnp.where(x, i, 0) for i, x in enumerate(pulled))
+        swaps = swaps + (any_pull & (box != last))
+        last = jnp.where(any_pull, box, last)
+        step, rng = choose(p, boxes, rng)
+        return (p, boxes, last, swaps, rng, step, score_of(p, boxes, swaps), best), None
 
     def playout(seed):
-        start_best = (jnp.int32(0), player, targets)
-        init = (player, targets, jnp.int32(-1), jnp.int32(0), seed, start_best)
-        (*_, best), _ = jax.lax.scan(pull, init, None, length=cfg.playout_length)
-        return best
+        start = tuple(goals)
+        step, rng = choose(player, start, seed)
+        best = (jnp.int32(0), player, start)
+        init = (player, start, jnp.int32(-1), jnp.int32(0), rng, step, jnp.int32(0), best)
+        (p, boxes, _, _, _, _, score, best), _ = jax.lax.scan(
+            pull, init, None, length=cfg.playout_length
+        )
+        better = score > best[0]
+        return jax.tree.map(lambda new, old: jnp.where(better, new, old), (score, p, boxes), best)
 
-    # Threefry per step would dominate the cost; one draw seeds a cheap xorshift per playout.
-    seeds = jax.random.bits(key, (cfg.num_playouts,), jnp.uint32) | jnp.uint32(1)
     scores, players, boxes = jax.vmap(playout)(seeds)
     k = jnp.argmax(scores)
-    return scores[k], players[k], boxes[k]
+    return scores[k], players[k], jnp.stack([b[k] for b in boxes])
 
 
-def _candidate(key: chex.PRNGKey, cfg: GeneratorConfig) -> _Candidate:
-    """One attempt of steps 1-3 (module docstring)."""
+def _candidate(seed: chex.Array, attempt: chex.Array, cfg: GeneratorConfig) -> _Candidate:
+    """Attempt number `attempt` of steps 1-3 (module docstring) from stream `seed` uint32 [2]."""
     h, w = cfg.dim_room
-    k_room, k_place, k_play = jax.random.split(key, 3)
-    floor = carve_room(k_room, cfg.dim_room).reshape(h * w)
-    # Distinct random floor cells: the first is the player, the rest are the targets.
-    priority = jnp.where(floor, jax.random.uniform(k_place, (h * w,)), -1.0)
-    cells = jax.lax.top_k(priority, cfg.num_boxes + 1)[1].astype(jnp.int32)
-    player, targets = cells[0], cells[1:]
-    is_target = jnp.zeros(h * w, bool).at[targets].set(True)
-    score, player, boxes = _reverse_playouts(
-        k_play, pack_bits(~floor), pack_bits(is_target), targets, player, cfg
-    )
+    n = h * w
+    num_carve = carve_words(cfg.dim_room)
+    count = num_carve + n + cfg.num_playouts
+    words = _words(seed, attempt * count, count)
+    floor = carve_room(words[:num_carve], cfg.dim_room).reshape(n)
+    # Distinct random floor cells, by random priority: the first is the player, then targets.
+    priority = jnp.where(floor, words[num_carve : num_carve + n] | 1, 0)
+    cells = []
+    for _ in range(cfg.num_boxes + 1):
+        cell = jnp.argmax(priority).astype(jnp.int32)
+        cells.append(cell)
+        priority = jnp.where(jnp.arange(n) == cell, 0, priority)
+    player, targets = cells[0], jnp.stack(cells[1:])
+    seeds = words[num_carve + n :] | 1  # xorshift never leaves 0
+    score, player, boxes = _reverse_playouts(seeds, pack_bits(~floor), targets, player, cfg)
     enough_floor = jnp.sum(floor) > cfg.num_boxes + 1
     return _Candidate(floor, targets, boxes, player, enough_floor & (score > 0))
 
 
-def _wander(key: chex.PRNGKey, cand: _Candidate, width: int) -> chex.Array:
-    """Step 4: the player's cell after 0-3 random steps onto free, not yet visited cells."""
+def _wander(words: chex.Array, cand: _Candidate, width: int) -> chex.Array:
+    """Step 4: the player's cell after 0-3 random steps onto free, not yet visited cells.
+
+    words: uint32 [WANDER_WORDS] random words.
+    """
     deltas = jnp.asarray(_MOVES[:, 0] * width + _MOVES[:, 1])
     t_row, t_col = cand.targets // width, cand.targets % width
     disp = jnp.sum(jnp.abs(cand.boxes // width - t_row) + jnp.abs(cand.boxes % width - t_col))
-    k_go, k_steps = jax.random.split(key)
-    go = jax.random.uniform(k_go) < jnp.where(disp == 1, 0.8, 0.5)
-    noise = jax.random.uniform(k_steps, (3, 5))  # per step: 4 direction draws, 1 continue draw
+    go = jnp.where(disp == 1, _chance(words[0], 0.8), _chance(words[0], 0.5))
+    noise = words[1:].reshape(3, 5)  # per step: 4 direction draws, 1 continue draw
     free = cand.floor & ~jnp.zeros_like(cand.floor).at[cand.boxes].set(True)
 
     def step(carry, x):
         p, visited, moving = carry
         ahead = p + deltas
         ok = free[ahead] & ~jnp.any(ahead[:, None] == visited[None, :], axis=1)
-        a = jnp.argmax(jnp.where(ok, x[:4], -1.0))
+        a = jnp.argmax(jnp.where(ok, x[:4] | 1, 0))
         moved = moving & ok[a]
         p = jnp.where(moved, ahead[a], p)
         visited = jnp.concatenate([visited[1:], p[None]])
-        return (p, visited, moved & (x[4] <= 0.5)), None
+        return (p, visited, moved & _chance(x[4], 0.5)), None
 
     visited = jnp.full((4,), cand.player)
     (p, _, _), _ = jax.lax.scan(step, (cand.player, visited, go), noise)
     return p
+
+
+WANDER_WORDS = 16
 
 
 def fallback_level(cfg: GeneratorConfig) -> Level:
@@ -268,34 +345,90 @@ def fallback_level(cfg: GeneratorConfig) -> Level:
     )
 
 
-def generate(key: chex.PRNGKey, cfg: GeneratorConfig) -> Level:
-    """A solvable level drawn from `key` (pure; jit/vmap-able). See the module docstring."""
-    h, w = cfg.dim_room
-    n = h * w
-    k_draw, k_wander = jax.random.split(key)
-    draw = jax.vmap(lambda k: _candidate(k, cfg))
+def _search(seeds: chex.Array, cfg: GeneratorConfig) -> tuple[_Candidate, chex.Array]:
+    """First valid attempt of each level: (candidates [B, ...], attempts int32 [B], 0 if none).
 
-    def keep_drawing(carry):
-        rnd, found, _ = carry
-        return (~found) & (rnd < cfg.max_attempts)
+    seeds: uint32 [B, 2], each level's random stream; attempt a of a level reads its a-th
+    stretch, so a level depends on its seed only. Each round fills `slots` side-by-side draws with the levels still pending,
+    in order: while there are more pending levels than slots, each gets one draw; once fewer
+    remain, each gets several consecutive attempts at once. So a batch costs about as many draws
+    as its levels need in total, not B times what its unluckiest level needs (what a vmapped
+    retry loop would cost).
+    """
+    b = seeds.shape[0]
+    slots = max(1, -(-b // cfg.slot_divisor))
+    slot = jnp.arange(slots)
+    draw = jax.vmap(lambda seed, a: _candidate(seed, a, cfg))
+    never = jnp.int32(cfg.max_attempts)
+
+    def pending(carry):
+        done, next_attempt, _, _ = carry
+        return jnp.any(~done & (next_attempt < cfg.max_attempts))
 
     def one_round(carry):
-        rnd, _, best = carry
-        keys = jax.random.split(jax.random.fold_in(k_draw, rnd), cfg.attempts_per_round)
-        cands = draw(keys)
-        i = jnp.argmax(cands.valid)
-        cand = jax.tree.map(lambda x: x[i], cands)
-        attempts = rnd * cfg.attempts_per_round + i + 1
-        return rnd + 1, cand.valid, (cand, attempts.astype(jnp.int32))
+        done, next_attempt, best, attempts = carry
+        waiting = ~done & (next_attempt < cfg.max_attempts)
+        num = jnp.sum(waiting, dtype=jnp.int32)
+        # The waiting levels in index order, as many as there are slots.
+        rank = jnp.cumsum(waiting, dtype=jnp.int32) - 1
+        queue = jnp.zeros(slots, jnp.int32).at[jnp.where(waiting, rank, slots)].set(
+            jnp.arange(b, dtype=jnp.int32), mode="drop"
+        )
+        served = jnp.maximum(jnp.minimum(num, slots), 1)
+        level = queue[slot % served]
+        attempt = next_attempt[level] + slot // served
+        used = (num > 0) & (attempt < cfg.max_attempts)
+        cands = draw(seeds[level], attempt)
+        ok = used & cands.valid
+        first = jax.ops.segment_min(jnp.where(ok, attempt, never), level, num_segments=b)
+        dest = jnp.where(ok & (attempt == first[level]), level, b)
+        best = jax.tree.map(lambda r, x: r.at[dest].set(x, mode="drop"), best, cands)
+        attempts = attempts.at[dest].set(attempt + 1, mode="drop")
+        next_attempt = next_attempt + jax.ops.segment_sum(
+            used.astype(jnp.int32), level, num_segments=b
+        )
+        return done | (first < never), next_attempt, best, attempts
 
+    n = cfg.dim_room[0] * cfg.dim_room[1]
     empty = _Candidate(
-        jnp.zeros(n, bool), jnp.zeros(cfg.num_boxes, jnp.int32),
-        jnp.zeros(cfg.num_boxes, jnp.int32), jnp.int32(0), jnp.bool_(False),
+        jnp.zeros((b, n), bool), jnp.zeros((b, cfg.num_boxes), jnp.int32),
+        jnp.zeros((b, cfg.num_boxes), jnp.int32), jnp.zeros(b, jnp.int32), jnp.zeros(b, bool),
     )
-    _, found, (cand, attempts) = jax.lax.while_loop(
-        keep_drawing, one_round, (jnp.int32(0), jnp.bool_(False), (empty, jnp.int32(0)))
-    )
-    player = _wander(k_wander, cand, w)
+    init = (jnp.zeros(b, bool), jnp.zeros(b, jnp.int32), empty, jnp.zeros(b, jnp.int32))
+    _, _, best, attempts = jax.lax.while_loop(pending, one_round, init)
+    return best, attempts
+
+
+@functools.cache
+def _searcher(cfg: GeneratorConfig):
+    """`_search` for one key, whose vmap runs `_search` on the whole batch of keys at once."""
+
+    @jax.custom_batching.custom_vmap
+    def search_one(seed):
+        return jax.tree.map(lambda x: x[0], _search(seed[None], cfg))
+
+    @search_one.def_vmap
+    def search_batch(axis_size, in_batched, seed):
+        if not in_batched[0]:
+            seed = jnp.broadcast_to(seed, (axis_size, *seed.shape))
+        out = _search(seed, cfg)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return search_one
+
+
+def generate(key: chex.PRNGKey, cfg: GeneratorConfig) -> Level:
+    """A solvable level drawn from `key` (pure; jit/vmap-able). See the module docstring.
+
+    Under vmap the retries of the whole batch share one pool of draws (see `_search`).
+    """
+    h, w = cfg.dim_room
+    n = h * w
+    # One threefry call per level; everything else hashes these words (see `_words`).
+    words = jax.random.bits(key, (2 + WANDER_WORDS,), jnp.uint32)
+    cand, attempts = _searcher(cfg)(words[:2])
+    found = attempts > 0
+    player = _wander(words[2:], cand, w)
     generated = Level(
         walls=~cand.floor.reshape(h, w),
         targets=jnp.zeros(n, bool).at[cand.targets].set(True).reshape(h, w),
