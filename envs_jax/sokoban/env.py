@@ -51,6 +51,8 @@ class Sokoban(TextEnv[State, Observation]):
         original's difficulty; playout_length defaults to min(search_depth - 2, 40)).
       gen_slot_divisor: under vmap over B keys, each retry round draws ceil(B / divisor)
         attempts side by side, shared by the levels still pending.
+      gen_screen_rooms: rooms carved per attempt; the first that can possibly score is
+        played out (see generator._room).
     """
 
     action_names = c.ACTION_NAMES
@@ -66,6 +68,7 @@ class Sokoban(TextEnv[State, Observation]):
         num_playouts: int = 16,
         playout_length: int | None = None,
         gen_slot_divisor: int = 4,
+        gen_screen_rooms: int = 4,
     ):
         if not (isinstance(dim_room, (tuple, list)) and len(dim_room) == 2):
             raise ValueError(f"dim_room must be a (rows, cols) pair; got {dim_room!r}")
@@ -98,6 +101,7 @@ class Sokoban(TextEnv[State, Observation]):
             playout_length=_check_int("playout_length", playout_length, 1, search_depth - 2),
             max_attempts=_check_int("max_gen_attempts", max_gen_attempts, 1),
             slot_divisor=_check_int("gen_slot_divisor", gen_slot_divisor, 1),
+            screen_rooms=_check_int("gen_screen_rooms", gen_screen_rooms, 1),
         )
         self.dim_room = (rows, cols)
         self.num_boxes = num_boxes

@@ -1,6 +1,6 @@
 """In-JAX level generator following the original's (RAGEN's fork of gym-sokoban's) recipe.
 
-One attempt, all from the key:
+One attempt, all from the level's random stream:
 1. carve the room: a random walk of int(1.7 * (h + w)) steps that turns w.p. 0.35 and stamps one
    of five 3x3 floor masks at each position, then walls on the border;
 2. put the player and `num_boxes` targets on distinct random floor cells, boxes on the targets;
@@ -16,10 +16,16 @@ side; their lengths and number are calibrated so that the optimal solution lengt
 match the original's (see tests/test_sokoban_generator.py, which compares to a plain-Python copy
 of the DFS recipe).
 
-An attempt is invalid when the room has too few floor cells or the best score is 0; invalid
-attempts are redrawn inside a `lax.while_loop` of at most `max_attempts` rounds, each round
-drawing `attempts_per_round` candidates side by side and keeping the first valid one. If every
-round fails (vanishingly rare) a fixed, solvable fallback level is returned.
+An attempt is invalid when the room has too few floor cells or the best score is 0. Each attempt
+carves `screen_rooms` rooms and plays out only the first that a cheap check says can score
+(`_room`), since most of the cost is in the playouts. Invalid attempts are redrawn inside a
+`lax.while_loop` capped at `max_attempts` attempts per level; under vmap the whole batch shares
+that loop and its draws (`_search`), so a batch costs about the draws its levels need in total.
+If every attempt fails (vanishingly rare) a fixed, solvable fallback level is returned.
+
+Speed notes (XLA on CPU): randomness is one threefry call per level, then a counter hash; grids
+in the hot loops are row or flat bit masks; per-direction and per-box values are separate arrays
+so that every op runs across the (batch x playouts) lanes.
 """
 
 from __future__ import annotations
@@ -31,10 +37,10 @@ from typing import NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 
 from envs_jax.sokoban import constants as c
+from envs_jax.sokoban.playouts import pack_bits, reverse_playouts
 
 # Floor stamps of the carving walk (the original's five masks), centred on the walker.
 _MASKS = np.array(
@@ -63,6 +69,7 @@ class GeneratorConfig:
     playout_length: int
     max_attempts: int
     slot_divisor: int
+    screen_rooms: int
 
 
 class Level(NamedTuple):
@@ -167,134 +174,80 @@ def carve_words(dim_room: tuple[int, int]) -> int:
     return int(c.CARVE_STEPS_PER_SIDE * sum(dim_room)) + 3
 
 
-def pack_bits(cells: chex.Array) -> chex.Array:
-    """Bit-packs bool [N] into uint32 [ceil(N / 32)] (cell i is bit i % 32 of word i // 32).
+def _room(words: chex.Array, cfg: GeneratorConfig) -> tuple[chex.Array, ...]:
+    """Steps 1-2 and a cheap screen: (floor bool [N], player int32 [], targets int32 [nb],
+    promising bool []).
 
-    Lookups into packed words are a few elementwise ops, where a per-lane table gather under vmap
-    is the slowest op of a playout step on CPU.
+    words: uint32 [carve_words + N]. `promising` is False only for rooms where no playout can
+    score: too little floor, a box with no (floor, floor) pair to be pulled along, or no box
+    the player can reach a pulling position of. With one box it is exact (a single pull scores).
     """
-    n = cells.shape[0]
-    words = -(-n // 32)
-    padded = jnp.zeros(words * 32, jnp.uint32).at[:n].set(cells.astype(jnp.uint32))
-    return jnp.sum(padded.reshape(words, 32) << jnp.arange(32, dtype=jnp.uint32), axis=1,
-                   dtype=jnp.uint32)
-
-
-def bit_at(bits: chex.Array, cell: chex.Array) -> chex.Array:
-    """Whether flat `cell` (int32, any shape) is set in packed `bits` uint32 [W]: bool."""
-    word = cell >> 5
-    picked = jnp.zeros(cell.shape, jnp.uint32)
-    for w in range(bits.shape[0]):
-        picked = picked | jnp.where(word == w, bits[w], jnp.uint32(0))
-    return ((picked >> (cell & 31).astype(jnp.uint32)) & 1).astype(bool)
-
-
-def _xorshift(x: chex.Array) -> chex.Array:
-    """Marsaglia's xorshift32 step (uint32, never 0 from non-0): the playouts' cheap stream."""
-    x = x ^ (x << 13)
-    x = x ^ (x >> 17)
-    return x ^ (x << 5)
-
-
-def _reverse_playouts(
-    seeds: chex.Array,
-    wall_bits: chex.Array,
-    targets: chex.Array,
-    player: chex.Array,
-    cfg: GeneratorConfig,
-) -> tuple[chex.Array, chex.Array, chex.Array]:
-    """Best (score [], player [], boxes [nb]) over random pull-only playouts, one per seed.
-
-    seeds: uint32 [num_playouts], non-zero; wall_bits: packed uint32 [ceil(N / 32)] over flat
-    cells; targets int32 [nb] (the boxes start on them); player int32 [].
-
-    Directions and boxes are unrolled into Python lists of per-playout scalars, so every op
-    runs over the (batch x playouts) lanes: a trailing axis of 4 directions or 2 boxes would
-    leave most of each SIMD register empty.
-    """
-    width = cfg.dim_room[1]
-    deltas = [int(dr * width + dc) for dr, dc in _MOVES]
-    goals = [targets[i] for i in range(cfg.num_boxes)]
-    goal_rc = [(lax.div(t, width), lax.rem(t, width)) for t in goals]
-
-    def score_of(p, boxes, swaps):
-        disp = sum(
-            jnp.abs(lax.div(b, width) - tr) + jnp.abs(lax.rem(b, width) - tc)
-            for b, (tr, tc) in zip(boxes, goal_rc)
-        )
-        # Few targets: comparing against each is cheaper than a bit lookup.
-        covered = functools.reduce(
-            jnp.logical_or, [t == x for t in goals for x in (p, *boxes)]
-        )
-        return jnp.where(covered, 0, swaps * disp)
-
-    def choose(p, boxes, rng):
-        """(the next move: a flat delta, 0 if boxed in; the advanced rng)."""
-        free = [
-            ~functools.reduce(jnp.logical_or, [a == b for b in boxes], bit_at(wall_bits, a))
-            for a in (p + d for d in deltas)
-        ]
-        # A uniformly random free direction: the DFS only counts moves that change the state.
-        rng = _xorshift(rng)
-        f = [x.astype(jnp.uint32) for x in free]
-        rank = [jnp.uint32(0), f[0], f[0] + f[1], f[0] + f[1] + f[2]]
-        pick = ((rng >> 16) * (rank[3] + f[3])) >> 16  # uniform in [0, number free)
-        return sum(jnp.where(fr & (r == pick), d, 0) for fr, r, d in zip(free, rank, deltas)), rng
-
-    def pull(carry, _):
-        # The next move and the current score come in the carry (computed at the end of the
-        # previous step), so XLA materialises them once instead of fusing a copy of their
-        # computation into each of the ~10 carry outputs that read them.
-        p, boxes, last, swaps, rng, step, score, best = carry
-        better = score > best[0]
-        best = jax.tree.map(lambda new, old: jnp.where(better, new, old), (score, p, boxes), best)
-        behind = p - step  # a box there follows the player
-        pulled = [(step != 0) & (b == behind) for b in boxes]
-        boxes = tuple(jnp.where(x, p, b) for x, b in zip(pulled, boxes))
-        p = p + step
-        any_pull = functools.reduce(jnp.logical_or, pulled)
-        box = sum(jnp.where(x, i, 0) for i, x in enumerate(pulled))
-        swaps = swaps + (any_pull & (box != last))
-        last = jnp.where(any_pull, box, last)
-        step, rng = choose(p, boxes, rng)
-        return (p, boxes, last, swaps, rng, step, score_of(p, boxes, swaps), best), None
-
-    def playout(seed):
-        start = tuple(goals)
-        step, rng = choose(player, start, seed)
-        best = (jnp.int32(0), player, start)
-        init = (player, start, jnp.int32(-1), jnp.int32(0), rng, step, jnp.int32(0), best)
-        (p, boxes, _, _, _, _, score, best), _ = jax.lax.scan(
-            pull, init, None, length=cfg.playout_length
-        )
-        better = score > best[0]
-        return jax.tree.map(lambda new, old: jnp.where(better, new, old), (score, p, boxes), best)
-
-    scores, players, boxes = jax.vmap(playout)(seeds)
-    k = jnp.argmax(scores)
-    return scores[k], players[k], jnp.stack([b[k] for b in boxes])
-
-
-def _candidate(seed: chex.Array, attempt: chex.Array, cfg: GeneratorConfig) -> _Candidate:
-    """Attempt number `attempt` of steps 1-3 (module docstring) from stream `seed` uint32 [2]."""
     h, w = cfg.dim_room
     n = h * w
     num_carve = carve_words(cfg.dim_room)
-    count = num_carve + n + cfg.num_playouts
-    words = _words(seed, attempt * count, count)
-    floor = carve_room(words[:num_carve], cfg.dim_room).reshape(n)
+    floor = carve_room(words[:num_carve], cfg.dim_room)  # [H, W]
+    flat = floor.reshape(n)
     # Distinct random floor cells, by random priority: the first is the player, then targets.
-    priority = jnp.where(floor, words[num_carve : num_carve + n] | 1, 0)
+    priority = jnp.where(flat, words[num_carve:] | 1, 0)
     cells = []
     for _ in range(cfg.num_boxes + 1):
         cell = jnp.argmax(priority).astype(jnp.int32)
         cells.append(cell)
         priority = jnp.where(jnp.arange(n) == cell, 0, priority)
     player, targets = cells[0], jnp.stack(cells[1:])
-    seeds = words[num_carve + n :] | 1  # xorshift never leaves 0
-    score, player, boxes = _reverse_playouts(seeds, pack_bits(~floor), targets, player, cfg)
-    enough_floor = jnp.sum(floor) > cfg.num_boxes + 1
-    return _Candidate(floor, targets, boxes, player, enough_floor & (score > 0))
+
+    # Where the player can walk with every box on its target: flood fill over row bit masks.
+    col_bits = jnp.uint32(1) << jnp.arange(w, dtype=jnp.uint32)
+    is_box = jnp.any(jnp.arange(n)[:, None] == targets[None, :], axis=1).reshape(h, w)
+    open_rows = jnp.sum(jnp.where(floor & ~is_box, col_bits, 0), axis=1, dtype=jnp.uint32)
+    start = jnp.where(jnp.arange(h) == player // w, jnp.uint32(1) << (player % w), 0)
+
+    def spread(_, reach):
+        zero = jnp.zeros(1, jnp.uint32)
+        near = jnp.concatenate([zero, reach[:-1]]) | jnp.concatenate([reach[1:], zero])
+        return (reach | (reach << 1) | (reach >> 1) | near) & open_rows
+
+    reach = jax.lax.fori_loop(0, (h - 2) * (w - 2), spread, start.astype(jnp.uint32))
+    reach = ((reach[:, None] & col_bits) != 0).reshape(n)
+    pullable, reachable = [], []
+    for t in (targets[i] for i in range(cfg.num_boxes)):
+        for dr, dc in _MOVES:
+            a = jnp.clip(t + int(dr * w + dc), 0, n - 1)  # off-grid only behind a wall
+            b = jnp.clip(t + 2 * int(dr * w + dc), 0, n - 1)
+            pair = flat[a] & flat[b]
+            pullable.append(pair)
+            # The first pull: every box is still on its target.
+            reachable.append(pair & reach[a] & jnp.all(targets != b))
+    per_box = jnp.stack(pullable).reshape(cfg.num_boxes, 4)
+    promising = (
+        (jnp.sum(flat) > cfg.num_boxes + 1)
+        & jnp.all(jnp.any(per_box, axis=1))
+        & functools.reduce(jnp.logical_or, reachable)
+    )
+    return flat, player, targets, promising
+
+
+def _candidate(seed: chex.Array, attempt: chex.Array, cfg: GeneratorConfig) -> _Candidate:
+    """Attempt number `attempt` of steps 1-3 (module docstring) from stream `seed` uint32 [2].
+
+    Draws `screen_rooms` rooms and plays out only the first promising one (see `_room`): a
+    room the screen rejects could never be valid, so the rooms accepted are distributed as
+    before, at a fraction of the playouts.
+    """
+    n = cfg.dim_room[0] * cfg.dim_room[1]
+    per_room = carve_words(cfg.dim_room) + n
+    count = cfg.screen_rooms * per_room + cfg.num_playouts
+    words = _words(seed, attempt * count, count)
+    rooms = jax.vmap(lambda x: _room(x, cfg))(
+        words[: cfg.screen_rooms * per_room].reshape(cfg.screen_rooms, per_room)
+    )
+    k = jnp.argmax(rooms[3])
+    floor, player, targets, promising = jax.tree.map(lambda x: x[k], rooms)
+    seeds = words[cfg.screen_rooms * per_room :] | 1  # xorshift never leaves 0
+    score, player, boxes = reverse_playouts(
+        seeds, pack_bits(~floor), targets, player, cfg.dim_room[1], cfg.playout_length
+    )
+    return _Candidate(floor, targets, boxes, player, promising & (score > 0))
 
 
 def _wander(words: chex.Array, cand: _Candidate, width: int) -> chex.Array:
