@@ -11,7 +11,7 @@ import pytest
 
 import envs_jax
 from envs_jax.sokoban import NEW_VOCAB_SYMBOLS
-from envs_jax.sokoban.generator import fallback_level
+from envs_jax.sokoban.generator import _room, carve_room, carve_words, fallback_level
 from envs_jax.sokoban.solver import solve
 
 NUM_LEVELS = 200  # solved with BFS; the batch generated is 1024 (one compile per config)
@@ -30,19 +30,30 @@ _MASKS = np.array(
 )
 
 
-def _reference_carve(rng, h, w):
+def _reference_walk(h, w, first_dir, start, steps):
+    """The original's carving walk; steps yields (turn?, new direction, mask index) per step."""
     level = np.zeros((h, w), int)
-    d = _MOVES[rng.integers(4)]
-    pos = (rng.integers(1, h), rng.integers(1, w))
-    for _ in range(int(1.7 * (h + w))):
-        if rng.random() < 0.35:
-            d = _MOVES[rng.integers(4)]
+    d = _MOVES[first_dir]
+    pos = start
+    for turn, new_dir, mask in steps:
+        if turn:
+            d = _MOVES[new_dir]
         pos = (min(max(pos[0] + d[0], 1), h - 2), min(max(pos[1] + d[1], 1), w - 2))
-        level[pos[0] - 1 : pos[0] + 2, pos[1] - 1 : pos[1] + 2] += _MASKS[rng.integers(5)]
+        level[pos[0] - 1 : pos[0] + 2, pos[1] - 1 : pos[1] + 2] += _MASKS[mask]
     floor = level > 0
     floor[[0, -1], :] = False
     floor[:, [0, -1]] = False
     return floor
+
+
+def _reference_carve(rng, h, w):
+    def steps():
+        for _ in range(int(1.7 * (h + w))):
+            turn = rng.random() < 0.35
+            yield turn, rng.integers(4) if turn else None, rng.integers(5)
+
+    first_dir = rng.integers(4)
+    return _reference_walk(h, w, first_dir, (rng.integers(1, h), rng.integers(1, w)), steps())
 
 
 def _reference_dfs(floor, targets, player, depth):
@@ -172,6 +183,61 @@ def test_same_key_same_level_wherever_it_sits_in_the_batch(generated):
     _, again = reset(keys[order])
     np.testing.assert_array_equal(np.asarray(again.observation.grid), ids[order])
     assert len({level.tobytes() for level in ids}) > 0.9 * BATCH  # and keys differ
+
+
+def _below(word: int, k: int) -> int:
+    return ((word >> 8) * k) >> 24
+
+
+@pytest.mark.parametrize("dim", [(6, 6), (8, 8), (5, 9), (10, 7)])
+def test_carving_matches_the_original_walk_on_the_same_draws(dim):
+    """carve_room decodes its words into the original's walk (first direction, start, then per
+    step: turn w.p. 0.35 (16 bits), new direction (2 bits), mask (14 bits))."""
+    h, w = dim
+    num = carve_words(dim)
+    words = np.random.default_rng(h * w).integers(0, 2**32, (50, num), dtype=np.uint32)
+    carved = np.asarray(jax.jit(jax.vmap(lambda x: carve_room(x, dim)))(words))
+    for row, floor in zip(words.tolist(), carved):
+        steps = [
+            ((x & 0xFFFF) < int(0.35 * 2**16), (x >> 16) & 3, ((x >> 18) * 5) >> 14)
+            for x in row[: num - 3]
+        ]
+        start = (1 + _below(row[-3], h - 1), 1 + _below(row[-2], w - 1))
+        np.testing.assert_array_equal(
+            floor, _reference_walk(h, w, _below(row[-1], 4), start, steps)
+        )
+
+
+def test_one_box_screen_is_exact():
+    """With one box, a room is kept for playouts iff the player can walk to a cell next to
+    the box with floor beyond it (one pull then scores): the screen never drops a valid room."""
+    cfg = envs_jax.make("sokoban").generator_config
+    h, w = cfg.dim_room
+    words = np.random.default_rng(1).integers(
+        0, 2**32, (300, carve_words(cfg.dim_room) + h * w), dtype=np.uint32
+    )
+    floor, player, targets, promising = jax.jit(jax.vmap(lambda x: _room(x, cfg)))(words)
+    expected = []
+    for f, p, (t,) in zip(np.asarray(floor), np.asarray(player), np.asarray(targets)):
+        seen, todo = {int(p)}, [int(p)]
+        while todo:
+            cell = todo.pop()
+            for d in (-w, w, -1, 1):
+                nxt = cell + d
+                if f[nxt] and nxt != t and nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        expected.append(any(t + d in seen and f[t + 2 * d] for d in (-w, w, -1, 1)))
+    assert np.asarray(promising).tolist() == expected
+    assert 0 < sum(expected) < len(expected)
+
+
+def test_a_key_alone_gives_the_level_it_gives_in_a_batch(generated):
+    """Unbatched reset runs the single-key path of the generator's custom_vmap."""
+    _, env, _, keys, _, ids, _ = generated
+    reset_one = jax.jit(env.reset)
+    for i in (0, 517, BATCH - 1):
+        np.testing.assert_array_equal(np.asarray(reset_one(keys[i])[1].observation.grid), ids[i])
 
 
 def test_fallback_level_is_solvable():
