@@ -7,11 +7,17 @@ Qwen style "#\n"), the slot's region is widened into the neighbouring fixed text
 at a time, until its edges are cuts: positions p where encode(text[:p]) + encode(text[p:]) ==
 encode(text) for every sampled filling. The whole block is then verified against
 `tokenizer.encode` on random fillings; any mismatch raises, naming the slot.
+
+Verification runs every region through one jitted program (`_encode_rows`) whose shapes are
+bucketed (rows, slot width, output width), with the region's tables as arguments, so regions
+and blocks of other envs reuse its compilations; the fixed runs between regions are the
+host's own tokens, concatenated on the host as `concat_pieces` does in JAX.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from starpo_jax.text.symbol_bpe import SymbolBpe, build_symbol_bpe, encode_symbols
+from starpo_jax.text.symbol_bpe import SymbolBpe, bucket, build_symbol_bpe, encode_region, max_tokens, stack_tables
 from starpo_jax.text.templates import MAX_CENTS, MAX_REWARD, format_reward
 
 DIGITS = tuple("0123456789")
@@ -105,20 +111,6 @@ def flatten_grid(grid: jax.Array, newline: int) -> jax.Array:
     return jnp.concatenate([grid.astype(jnp.int32), sep], axis=1).reshape(-1)[:-1]
 
 
-class Region(flax.struct.PyTreeNode):
-    """A slot widened to cuts: left text + slot symbols + right text, one SymbolBpe."""
-
-    bpe: SymbolBpe
-    slot_width: int = flax.struct.field(pytree_node=False)
-
-    def encode(self, slot_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """[slot_width] int32 -> (ids [T] int32, length [])."""
-        n = len(self.bpe.symbols)
-        seq = jnp.concatenate([jnp.array([n - 2], jnp.int32), slot_ids.astype(jnp.int32),
-                               jnp.array([n - 1], jnp.int32)])
-        return encode_symbols(self.bpe, seq)
-
-
 def concat_pieces(pieces: Sequence[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array]:
     """Concatenates variable-length id rows: [(ids [T_i], n_i)] -> (ids [sum T_i] (-1 pad), n)."""
     total = sum(int(ids.shape[0]) for ids, _ in pieces)
@@ -132,20 +124,31 @@ def concat_pieces(pieces: Sequence[tuple[jax.Array, jax.Array]]) -> tuple[jax.Ar
 
 
 class Block(flax.struct.PyTreeNode):
-    """Fixed token runs alternating with regions: static[0] region[0] static[1] ... static[-1]."""
+    """Fixed token runs alternating with slot regions: static[0] region[0] static[1] ... static[-1].
 
-    regions: tuple[Region, ...]
+    Region g is left text + slot g's symbols + right text (the slot widened to cuts), encoded
+    with tables[g]; tables is a SymbolBpe stacked over the G regions (`stack_tables`).
+    """
+
+    tables: SymbolBpe
     static: tuple[tuple[int, ...], ...] = flax.struct.field(pytree_node=False)
     slot_names: tuple[str, ...] = flax.struct.field(pytree_node=False)
+    slot_widths: tuple[int, ...] = flax.struct.field(pytree_node=False)
+    max_tokens: tuple[int, ...] = flax.struct.field(pytree_node=False)
 
     def encode(self, slots: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """{slot name: [width] int32 symbol ids} -> (ids [T] int32 (-1 pad), length [] int32)."""
+        n = max(self.slot_widths)
+        nothing = self.tables.base - 3  # [G]: the slot id that stands for no text (the edge)
+        rows = jnp.stack([jnp.concatenate([slots[name].astype(jnp.int32), jnp.full((n - w,), nothing[g])])
+                          for g, (name, w) in enumerate(zip(self.slot_names, self.slot_widths))])
+        ids, lengths = jax.vmap(encode_region, in_axes=(0, 0, None))(self.tables, rows, max(self.max_tokens))
         pieces = []
         for i, static in enumerate(self.static):
             if static:
                 pieces.append((jnp.array(static, jnp.int32), jnp.int32(len(static))))
-            if i < len(self.regions):
-                pieces.append(self.regions[i].encode(slots[self.slot_names[i]]))
+            if i < len(self.slot_names):
+                pieces.append((ids[i, : self.max_tokens[i]], lengths[i]))
         return concat_pieces(pieces)
 
 
@@ -157,10 +160,9 @@ def _fill(parts: Sequence[str | Slot], fills: dict[str, np.ndarray]) -> str:
     return "".join(p if isinstance(p, str) else "".join(p.symbols[i] for i in fills[p.name]) for p in parts)
 
 
-def _is_cut(tokenizer: Any, texts: list[str], positions: list[int]) -> bool:
+def _is_cut(tokenizer: Any, texts: list[str], whole: list[list[int]], positions: list[int]) -> bool:
     lefts = _encode_many(tokenizer, [t[:p] for t, p in zip(texts, positions)])
     rights = _encode_many(tokenizer, [t[p:] for t, p in zip(texts, positions)])
-    whole = _encode_many(tokenizer, texts)
     return all(a + b == w for a, b, w in zip(lefts, rights, whole))
 
 
@@ -169,7 +171,8 @@ def build_block(tokenizer: Any, parts: Sequence[str | Slot], *, samples: int = 6
     """Host: a Block for `parts` (strings and Slots, never two Slots adjacent).
 
     Raises ValueError naming the slot when no cut isolates it, or when the block's JAX encoding
-    differs from `tokenizer.encode` on one of `verify` random fillings.
+    differs from `tokenizer.encode` on one of `verify` random fillings (rounded up to a
+    multiple of VERIFY_ROWS: the verification batch).
     """
     merged: list[str | Slot] = [""]  # alternate text, slot, text, ...: join adjacent texts
     for part in parts:
@@ -183,8 +186,11 @@ def build_block(tokenizer: Any, parts: Sequence[str | Slot], *, samples: int = 6
     parts = merged
     rng = np.random.default_rng(seed)
     slots = [p for p in parts if isinstance(p, Slot)]
+    if not slots:
+        raise ValueError("a block needs at least one slot; tokenise fixed text on the host")
     fills = [{s.name: s.sample(rng) for s in slots} for _ in range(samples)]
     texts = [_fill(parts, f) for f in fills]
+    whole = _encode_many(tokenizer, texts)
     widen: list[list[int]] = [[0, 0] for _ in slots]  # chars taken from the left / right text
     for i, slot in enumerate(slots):
         at = parts.index(slot)
@@ -193,41 +199,72 @@ def build_block(tokenizer: Any, parts: Sequence[str | Slot], *, samples: int = 6
         end = [len(_fill(parts[: at + 1], f)) for f in fills]
         for side, text, base, sign in ((0, left, begin, -1), (1, right, end, 1)):
             for k in range(len(text) + 1):
-                if _is_cut(tokenizer, texts, [b + sign * k for b in base]):
+                if _is_cut(tokenizer, texts, whole, [b + sign * k for b in base]):
                     widen[i][side] = k
                     break
             else:
                 raise ValueError(f"slot {slot.name!r}: no cut separates it from the fixed text "
                                  f"{text!r}; this tokenizer cannot render it exactly")
     statics: list[str] = [p for p in parts if isinstance(p, str)]
-    regions = []
+    tables, widths, most = [], [], []
     for i, slot in enumerate(slots):
         lw, rw = widen[i]
         if lw + (widen[i - 1][1] if i else 0) > len(statics[i]) or rw > len(statics[i + 1]):
             raise ValueError(f"slot {slot.name!r}: its widened region overlaps the previous slot's")
         left_text = statics[i][len(statics[i]) - lw:]
         right_text = statics[i + 1][:rw]
-        bpe = build_symbol_bpe(tokenizer, (*slot.symbols, left_text, right_text))
-        regions.append(Region(bpe=bpe, slot_width=len(slot.sample(rng))))
+        tables.append(build_symbol_bpe(tokenizer, slot.symbols, left_text, right_text))
+        widths.append(len(slot.sample(rng)))
+        most.append(max_tokens(slot.symbols, left_text, right_text, widths[-1]))
     trimmed = []
     for i, text in enumerate(statics):
         start = widen[i - 1][1] if i else 0
         stop = len(text) - (widen[i][0] if i < len(slots) else 0)
         trimmed.append(tuple(_encode_many(tokenizer, [text[start:stop]])[0]) if stop > start else ())
-    block = Block(regions=tuple(regions), static=tuple(trimmed), slot_names=tuple(s.name for s in slots))
+    block = Block(tables=stack_tables(tables), static=tuple(trimmed), slot_names=tuple(s.name for s in slots),
+                  slot_widths=tuple(widths), max_tokens=tuple(most))
     _verify(tokenizer, block, parts, slots, rng, verify)
     return block
 
 
+VERIFY_ROWS = 256  # fillings per verification call: one compiled batch shape
+
+
+@functools.partial(jax.jit, static_argnames="width")
+def _encode_rows(bpe: SymbolBpe, slot_ids: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
+    """The verification program: slot_ids [VERIFY_ROWS, N] -> (ids [VERIFY_ROWS, width], lengths)."""
+    return jax.vmap(lambda row: encode_region(bpe, row, width))(slot_ids)
+
+
+def _region_tokens(block: Block, g: int, slot_ids: np.ndarray) -> list[list[int]]:
+    """Host: region g's tokens for each row of slot_ids [S, width], S % VERIFY_ROWS == 0.
+
+    Rows are padded with the id that stands for nothing to a bucketed width, so that every
+    region of about that width and table size runs the same compiled `_encode_rows`.
+    """
+    tables = jax.tree.map(lambda x: np.asarray(x)[g], block.tables)  # host slicing: no compile
+    n = bucket(block.slot_widths[g], 16)
+    padded = np.full((slot_ids.shape[0], n), int(tables.base) - 3, np.int32)
+    padded[:, : block.slot_widths[g]] = slot_ids
+    width = (n + 2) * tables.symbol_bytes.shape[1]  # >= the region's max_tokens, from shapes only
+    out: list[list[int]] = []
+    for chunk in range(0, len(padded), VERIFY_ROWS):
+        ids, lengths = jax.device_get(_encode_rows(tables, padded[chunk: chunk + VERIFY_ROWS], width))
+        out += [row[:length].tolist() for row, length in zip(ids, lengths)]
+    return out
+
+
 def _verify(tokenizer: Any, block: Block, parts: list, slots: list[Slot], rng: np.random.Generator,
             count: int) -> None:
+    """Checks the block on `count` (rounded up to VERIFY_ROWS) random fillings; raises on a mismatch."""
+    count = -(-max(count, 1) // VERIFY_ROWS) * VERIFY_ROWS
     fills = [{s.name: s.sample(rng) for s in slots} for _ in range(count)]
-    batch = {s.name: jnp.asarray(np.stack([f[s.name] for f in fills])) for s in slots}
-    ids, lengths = jax.jit(jax.vmap(block.encode))(batch)
-    ids, lengths = np.asarray(ids), np.asarray(lengths)
+    regions = [_region_tokens(block, g, np.stack([f[s.name] for f in fills])) for g, s in enumerate(slots)]
     expected = _encode_many(tokenizer, [_fill(parts, f) for f in fills])
     for row, want in enumerate(expected):
-        got = ids[row, : lengths[row]].tolist()
+        got = list(block.static[0])
+        for region, static in zip(regions, block.static[1:]):
+            got += region[row] + list(static)
         if got != want:
             text = _fill(parts, fills[row])
             same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))

@@ -1,26 +1,34 @@
-"""Byte-level BPE of a sequence of symbols (short strings), inside jit.
+"""Byte-level BPE of `left + symbols + right` (short strings from a fixed alphabet), inside jit.
 
-A `SymbolBpe` encodes any sequence drawn from a fixed alphabet of strings (grid symbols, digits,
-a row separator, fixed neighbouring text) into exactly the token ids the tokenizer would give
+A `SymbolBpe` encodes a fixed left text, any sequence of slot symbols (grid symbols, digits,
+a row separator) and a fixed right text into exactly the token ids the tokenizer would give
 the concatenated string, in two steps that mirror the tokenizer:
 
 1. Pre-token boundaries. The pre-tokenizer's regex decides where pre-tokens start; for the
    alphabets here that decision depends on a few neighbouring characters only. We tabulate it
-   over every window (two symbols back, the symbol, one ahead), running the tokenizer's own
-   pre-tokenizer on each window's text, so the table holds one start flag per byte of the middle
-   symbol. Inside jit a row's boundaries are table lookups.
+   over every window (two symbols back, the symbol, one ahead) that can occur in a
+   `left + symbols + right` text, running the tokenizer's own pre-tokenizer on each window's
+   text, so the table holds one start flag per byte of the middle symbol. Inside jit a row's
+   boundaries are table lookups.
 2. BPE merges, restricted to the tokens reachable from the alphabet's bytes: each step every
    pre-token merges all leftmost non-overlapping occurrences of its lowest-ranked pair, which is
    the order `tokenizers` applies merges in.
 
 Whether step 1's window is wide enough is not assumed: `build_symbol_bpe`'s callers verify
 against `tokenizer.encode` on many random sequences and raise if any differs.
+
+Cost. Tables are padded to power-of-two sizes (`bucket`) and carry no static metadata, so
+alphabets of similar size share one compiled program when the tables are passed as arguments.
+Host work is cached per tokenizer (the tokenizer is assumed not to change, except that adding
+tokens, which changes `len(tokenizer)`, drops its cache): the parsed vocabulary and merges, the
+start flags of every window text seen, and the finished tables of each alphabet.
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import json
+import weakref
 from typing import Any
 
 import flax.struct
@@ -31,38 +39,55 @@ import numpy as np
 from starpo_jax.text.token_bytes import gpt2_unicode_to_byte
 
 _NO_MERGE = np.iinfo(np.int32).max
-_MAX_WINDOWS = 200_000  # bounds the host-side tabulation: alphabet size <= 21
+_MAX_BASE = 22  # base**4 window ids must stay a small table (22**4 = 234256 rows)
+LEFT, RIGHT, FIRST_SLOT = 0, 1, 2  # ids of the fixed texts and of the first slot symbol
 
 
 class SymbolBpe(flax.struct.PyTreeNode):
-    """Tables for `encode_symbols`. K = alphabet size + 1 (the last id is the edge sentinel).
+    """Tables for `encode_region`; every size is padded (`bucket`), no static fields.
 
-    symbol_bytes:  [K, W] uint8, symbol_lengths [K] int32 (the sentinel and "" have length 0).
-    starts:        [K**4, W] bool: pre-token starts at each byte of the middle symbol of a window
-                   (ids back2, back1, symbol, ahead; flattened base K).
+    Ids: 0 = left text, 1 = right text, 2 + i = slot symbol i, base - 1 = the edge sentinel;
+    ids from base on are padding. The sentinel, padding and "" have length 0.
+    symbol_bytes:  [K, W] uint8, symbol_lengths [K] int32.
+    base:          [] int32, the number of ids in use (windows are numbered base-4 digits).
+    starts:        [P, W] bool, P >= base**4: pre-token starts at each byte of the middle symbol
+                   of a window (ids back2, back1, symbol, ahead; flattened base `base`).
     byte_token:    [256] int32 local id of each byte's single-byte token (-1: byte unused).
     merge_keys:    [M] int32 sorted keys left * R + right of the reachable merges (local ids),
-    merge_ranks:   [M] int32, merge_results [M] int32 (local id of the merged token).
+                   padded with a never-matching key; merge_ranks [M] int32, merge_results [M]
+                   int32 (local id of the merged token).
     local_to_id:   [R] int32 tokenizer id of each local token.
     """
 
     symbol_bytes: jax.Array
     symbol_lengths: jax.Array
+    base: jax.Array
     starts: jax.Array
     byte_token: jax.Array
     merge_keys: jax.Array
     merge_ranks: jax.Array
     merge_results: jax.Array
     local_to_id: jax.Array
-    symbols: tuple[str, ...] = flax.struct.field(pytree_node=False)
 
-    @property
-    def sentinel(self) -> int:
-        return len(self.symbols)
 
-    def max_bytes(self, slots: int) -> int:
-        """Bytes (hence tokens) a sequence of `slots` symbols can take at most."""
-        return slots * int(max(len(s.encode("utf-8")) for s in self.symbols))
+def bucket(n: int, least: int) -> int:
+    """The smallest power of two >= max(n, least): table sizes that many alphabets share."""
+    return max(least, 1 << max(0, int(n) - 1).bit_length())
+
+
+@dataclasses.dataclass
+class _TokenizerCache:
+    """Host-side facts about one tokenizer, computed once (see module docstring)."""
+
+    size: int
+    backend: Any
+    spec: dict
+    merges_of: dict[int, list[tuple[int, int, int, int]]]  # token -> (rank, left, right, result)
+    flags: dict[tuple[str, str, str], tuple[bool, ...]]  # (text before, symbol, after) -> starts
+    tables: dict[tuple[str, ...], SymbolBpe]
+
+
+_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def backend_spec(tokenizer: Any) -> tuple[Any, dict]:
@@ -73,7 +98,25 @@ def backend_spec(tokenizer: Any) -> tuple[Any, dict]:
     return backend, json.loads(backend.to_str())
 
 
-def _check_supported(backend: Any, spec: dict, symbols: tuple[str, ...]) -> None:
+def _cache(tokenizer: Any) -> _TokenizerCache:
+    cache = _CACHES.get(tokenizer)
+    if cache is None or cache.size != len(tokenizer):
+        backend, spec = backend_spec(tokenizer)
+        _check_model(spec)
+        vocab = spec["model"]["vocab"]
+        merges_of: dict[int, list[tuple[int, int, int, int]]] = {}
+        for rank, merge in enumerate(spec["model"]["merges"]):
+            a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+            entry = (rank, vocab[a], vocab[b], vocab[a + b])
+            merges_of.setdefault(entry[1], []).append(entry)
+            if entry[2] != entry[1]:
+                merges_of.setdefault(entry[2], []).append(entry)
+        cache = _TokenizerCache(len(tokenizer), backend, spec, merges_of, {}, {})
+        _CACHES[tokenizer] = cache
+    return cache
+
+
+def _check_model(spec: dict) -> None:
     model = spec["model"]
     if model.get("type") != "BPE" or model.get("ignore_merges") or model.get("continuing_subword_prefix"):
         raise ValueError(
@@ -81,103 +124,157 @@ def _check_supported(backend: Any, spec: dict, symbols: tuple[str, ...]) -> None
             f"prefixes; this tokenizer's model is {({k: v for k, v in model.items() if k not in ('vocab', 'merges')})}")
     if "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
         raise ValueError("the text codec supports byte-level BPE tokenizers; no ByteLevel pre-tokenizer found")
-    normalizer = backend.normalizer
-    for s in symbols:
-        if normalizer is not None and normalizer.normalize_str(s) != s:
-            raise ValueError(f"symbol {s!r} changes under the tokenizer's normalizer; cannot render it exactly")
 
 
-def _reachable_merges(spec: dict, byte_ids: dict[int, int]) -> tuple[np.ndarray, ...]:
-    """Local token ids and the merges among tokens built only from the given bytes."""
-    vocab = spec["model"]["vocab"]
-    merges = [m.split(" ", 1) if isinstance(m, str) else m for m in spec["model"]["merges"]]
-    reachable = set(byte_ids.values())
-    used: list[tuple[int, int, int, int]] = []  # (rank, left, right, result) in tokenizer ids
-    seen: set[int] = set()
-    changed = True
-    while changed:  # merges are rank ordered, so one pass normally reaches the fixed point
-        changed = False
-        for rank, (a, b) in enumerate(merges):
-            if rank in seen:
-                continue
-            ia, ib = vocab.get(a), vocab.get(b)
-            if ia in reachable and ib in reachable:
-                result = vocab[a + b]
-                used.append((rank, ia, ib, result))
-                seen.add(rank)
+def _reachable_merges(cache: _TokenizerCache, byte_ids: set[int]) -> tuple[np.ndarray, ...]:
+    """Local token ids and the merges among tokens built only from the given bytes' tokens."""
+    reachable = set(byte_ids)
+    frontier = list(byte_ids)
+    used: dict[int, tuple[int, int, int]] = {}  # rank -> (left, right, result), tokenizer ids
+    while frontier:  # a merge is found when the later of its two parts becomes reachable
+        for rank, a, b, result in cache.merges_of.get(frontier.pop(), ()):
+            if rank not in used and a in reachable and b in reachable:
+                used[rank] = (a, b, result)
                 if result not in reachable:
                     reachable.add(result)
-                    changed = True
+                    frontier.append(result)
     local_ids = np.array(sorted(reachable), np.int32)
-    if len(local_ids) ** 2 >= 2**31:
+    r = bucket(len(local_ids), 512)
+    if r * r >= 2**31:
         raise ValueError(f"{len(local_ids)} reachable tokens: the alphabet is too large for int32 merge keys")
     local = {int(t): i for i, t in enumerate(local_ids)}
-    r = len(local_ids)
-    # A never-matching entry keeps the tables non-empty when the alphabet has no merges.
-    used.append((int(_NO_MERGE), 0, 0, int(local_ids[0])))
-    keys = np.array([local[a] * r + local[b] for _, a, b, _ in used[:-1]] + [_NO_MERGE], np.int64)
-    order = np.argsort(keys, kind="stable")
-    ranks = np.array([u[0] for u in used], np.int32)[order]
-    results = np.array([local[u[3]] for u in used], np.int32)[order]
-    return local_ids, local, keys[order].astype(np.int32), ranks, results
+    m = bucket(len(used) + 1, 512)  # + 1: at least one never-matching key
+    keys = np.full((m,), _NO_MERGE, np.int64)
+    ranks = np.full((m,), _NO_MERGE, np.int32)
+    results = np.zeros((m,), np.int32)
+    for i, (rank, (a, b, result)) in enumerate(sorted(used.items(), key=lambda u: local[u[1][0]] * r + local[u[1][1]])):
+        keys[i], ranks[i], results[i] = local[a] * r + local[b], rank, local[result]
+    padded_ids = np.concatenate([local_ids, np.full((r - len(local_ids),), local_ids[0], np.int32)])
+    return padded_ids, local, keys.astype(np.int32), ranks, results
 
 
-def _start_flags(pre_tokenizer: Any, parts: tuple[str, ...], middle: int) -> list[bool]:
-    """Pre-token start flag of each byte of parts[middle] in the text "".join(parts)."""
-    text = "".join(parts)
-    char_starts = {start for _, (start, _) in pre_tokenizer.pre_tokenize_str(text)}
-    offset = sum(len(p) for p in parts[:middle])
-    flags: list[bool] = []
-    for k, ch in enumerate(parts[middle]):
-        flags += [offset + k in char_starts] + [False] * (len(ch.encode("utf-8")) - 1)
+def _windows(slot_ids: list[int], left: bool, right: bool, sentinel: int) -> list[tuple[int, int, int, int]]:
+    """Every (back2, back1, symbol, ahead) in `sentinel sentinel [left] slot* [right] sentinel`.
+
+    Empty texts are dropped before windowing (so never appear), slot_ids are the non-empty ones.
+    """
+    head = [LEFT] if left else [sentinel]  # what precedes the first slot symbol or the right text
+    tail = [RIGHT] if right else [sentinel]
+    pred = {LEFT: [sentinel], RIGHT: head + slot_ids, sentinel: [sentinel]}
+    succ = {LEFT: slot_ids + tail, RIGHT: [sentinel]}
+    for s in slot_ids:
+        pred[s], succ[s] = head + slot_ids, slot_ids + tail
+    middles = ([LEFT] if left else []) + slot_ids + ([RIGHT] if right else [])
+    return [(b2, b1, c, a) for c in middles for b1 in pred[c] for b2 in pred[b1] for a in succ[c]]
+
+
+def _start_flags(cache: _TokenizerCache, before: str, middle: str, after: str) -> tuple[bool, ...]:
+    """Pre-token start flag of each byte of `middle` in the text before + middle + after."""
+    key = (before, middle, after)
+    flags = cache.flags.get(key)
+    if flags is None:
+        starts = {s for _, (s, _) in cache.backend.pre_tokenizer.pre_tokenize_str(before + middle + after)}
+        out: list[bool] = []
+        for k, ch in enumerate(middle):
+            out += [len(before) + k in starts] + [False] * (len(ch.encode("utf-8")) - 1)
+        flags = cache.flags[key] = tuple(out)
     return flags
 
 
-def build_symbol_bpe(tokenizer: Any, symbols: tuple[str, ...]) -> SymbolBpe:
-    """Host: the tables that encode sequences over `symbols` (see module docstring).
+def build_symbol_bpe(tokenizer: Any, symbols: tuple[str, ...], left: str = "", right: str = "") -> SymbolBpe:
+    """Host: the tables that encode `left + (symbols sequence) + right` (see module docstring).
 
     Raises ValueError naming the problem when the tokenizer is not a supported byte-level BPE,
     a symbol has a byte without a token, or the alphabet is too large to tabulate.
     """
-    symbols = tuple(symbols)
-    backend, spec = backend_spec(tokenizer)
-    _check_supported(backend, spec, symbols)
-    k = len(symbols) + 1
-    if k**4 > _MAX_WINDOWS:
-        raise ValueError(f"alphabet of {len(symbols)} symbols is too large to tabulate (max 20): {symbols}")
-    vocab = spec["model"]["vocab"]
+    cache = _cache(tokenizer)
+    key = (left, right, *symbols)
+    if key in cache.tables:
+        return cache.tables[key]
+    texts = (left, right, *symbols)
+    normalizer = cache.backend.normalizer
+    for s in texts:
+        if normalizer is not None and normalizer.normalize_str(s) != s:
+            raise ValueError(f"symbol {s!r} changes under the tokenizer's normalizer; cannot render it exactly")
+    base = len(texts) + 1
+    if base > _MAX_BASE:
+        raise ValueError(f"alphabet of {len(symbols)} symbols is too large to tabulate "
+                         f"(max {_MAX_BASE - 3}): {symbols}")
+    vocab = cache.spec["model"]["vocab"]
     char_of_byte = {b: c for c, b in gpt2_unicode_to_byte().items()}
     byte_ids: dict[int, int] = {}
-    for s in symbols:
+    for s in texts:
         for b in s.encode("utf-8"):
             if char_of_byte[b] not in vocab:
                 raise ValueError(f"byte {b:#04x} of symbol {s!r} has no single-byte token in the vocabulary")
             byte_ids[b] = vocab[char_of_byte[b]]
-    local_ids, local, keys, ranks, results = _reachable_merges(spec, byte_ids)
+    local_ids, local, keys, ranks, results = _reachable_merges(cache, set(byte_ids.values()))
 
-    encoded = [s.encode("utf-8") for s in symbols]
-    width = max(1, max(len(e) for e in encoded))
-    symbol_bytes = np.zeros((k, width), np.uint8)
-    symbol_lengths = np.zeros((k,), np.int32)
+    encoded = [s.encode("utf-8") for s in texts]
+    width = bucket(max(len(e) for e in encoded), 4)
+    rows = bucket(base, 16)
+    symbol_bytes = np.zeros((rows, width), np.uint8)
+    symbol_lengths = np.zeros((rows,), np.int32)
     for i, e in enumerate(encoded):
         symbol_bytes[i, : len(e)] = np.frombuffer(e, np.uint8)
         symbol_lengths[i] = len(e)
 
-    text_of = (*symbols, "")  # the sentinel renders as nothing: the text's edge
-    pre = backend.pre_tokenizer
-    starts = np.zeros((k, k, k, k, width), bool)
-    for b2, b1, c, a in itertools.product(range(k), range(k), range(k - 1), range(k)):
-        parts = (text_of[b2], text_of[b1], text_of[c], text_of[a])
-        flags = _start_flags(pre, parts, 2)
-        starts[b2, b1, c, a, : len(flags)] = flags
+    sentinel = base - 1
+    text_of = (*texts, "")  # the sentinel renders as nothing: the text's edge
+    slot_ids = [FIRST_SLOT + i for i, s in enumerate(symbols) if s]
+    starts = np.zeros((bucket(base**4, 2**16), width), bool)
+    for b2, b1, c, a in _windows(slot_ids, bool(left), bool(right), sentinel):
+        flags = _start_flags(cache, text_of[b2] + text_of[b1], text_of[c], text_of[a])
+        starts[((b2 * base + b1) * base + c) * base + a, : len(flags)] = flags
     byte_token = np.full((256,), -1, np.int32)
     for b, t in byte_ids.items():
         byte_token[b] = local[t]
-    return SymbolBpe(
+    bpe = SymbolBpe(
         symbol_bytes=jnp.asarray(symbol_bytes), symbol_lengths=jnp.asarray(symbol_lengths),
-        starts=jnp.asarray(starts.reshape(k**4, width)), byte_token=jnp.asarray(byte_token),
+        base=jnp.int32(base), starts=jnp.asarray(starts), byte_token=jnp.asarray(byte_token),
         merge_keys=jnp.asarray(keys), merge_ranks=jnp.asarray(ranks),
-        merge_results=jnp.asarray(results), local_to_id=jnp.asarray(local_ids), symbols=symbols)
+        merge_results=jnp.asarray(results), local_to_id=jnp.asarray(local_ids))
+    cache.tables[key] = bpe
+    return bpe
+
+
+def stack_tables(tables: list[SymbolBpe]) -> SymbolBpe:
+    """Host: tables padded to common sizes and stacked on a leading [G] axis, so that one
+    vmapped `encode_region` serves G regions (one loop in the compiled program, not G)."""
+    host = [jax.tree.map(np.asarray, t) for t in tables]
+    rows = max(t.symbol_bytes.shape[0] for t in host)
+    width = max(t.symbol_bytes.shape[1] for t in host)
+    windows = max(t.starts.shape[0] for t in host)
+    m = max(t.merge_keys.shape[0] for t in host)
+    r = max(t.local_to_id.shape[0] for t in host)
+
+    def pad(x: np.ndarray, shape: tuple[int, ...], fill: Any) -> np.ndarray:
+        out = np.full(shape, fill, x.dtype)
+        out[tuple(slice(0, n) for n in x.shape)] = x
+        return out
+
+    def regrid(t: SymbolBpe) -> np.ndarray:  # keys left * R + right, for the common R
+        old = t.local_to_id.shape[0]
+        real = t.merge_keys != _NO_MERGE
+        keys = np.where(real, t.merge_keys // old * r + t.merge_keys % old, _NO_MERGE)  # order kept
+        return pad(keys.astype(np.int32), (m,), _NO_MERGE)
+
+    return SymbolBpe(
+        symbol_bytes=jnp.asarray(np.stack([pad(t.symbol_bytes, (rows, width), 0) for t in host])),
+        symbol_lengths=jnp.asarray(np.stack([pad(t.symbol_lengths, (rows,), 0) for t in host])),
+        base=jnp.asarray(np.stack([t.base for t in host])),
+        starts=jnp.asarray(np.stack([pad(t.starts, (windows, width), False) for t in host])),
+        byte_token=jnp.asarray(np.stack([t.byte_token for t in host])),
+        merge_keys=jnp.asarray(np.stack([regrid(t) for t in host])),
+        merge_ranks=jnp.asarray(np.stack([pad(t.merge_ranks, (m,), _NO_MERGE) for t in host])),
+        merge_results=jnp.asarray(np.stack([pad(t.merge_results, (m,), 0) for t in host])),
+        local_to_id=jnp.asarray(np.stack([pad(t.local_to_id, (r,), t.local_to_id[0]) for t in host])))
+
+
+def max_tokens(symbols: tuple[str, ...], left: str, right: str, width: int) -> int:
+    """Host: bytes (hence tokens) that left + `width` symbols + right can take at most."""
+    longest = max(len(s.encode("utf-8")) for s in symbols)
+    return len(left.encode("utf-8")) + len(right.encode("utf-8")) + width * longest
 
 
 def _bpe_step(bpe: SymbolBpe, tok: jax.Array, start: jax.Array, valid: jax.Array):
@@ -203,26 +300,30 @@ def _bpe_step(bpe: SymbolBpe, tok: jax.Array, start: jax.Array, valid: jax.Array
     return pack(tok, -1), pack(start, False), pack(valid, False), jnp.any(merge)
 
 
-def encode_symbols(bpe: SymbolBpe, symbols: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Token ids of the concatenated text of a symbol sequence (one row; vmap for batches).
+def encode_region(bpe: SymbolBpe, slot_ids: jax.Array, max_tokens: int) -> tuple[jax.Array, jax.Array]:
+    """Token ids of left + the slot symbols' texts + right (one row; vmap for batches).
 
-    symbols: [N] int32 ids into `bpe.symbols` (empty-string symbols are allowed anywhere).
-    Returns (ids [T] int32 padded with -1, length [] int32), T = `bpe.max_bytes(N)`.
+    slot_ids: [N] int32 ids into the alphabet `build_symbol_bpe` got (empty-string symbols are
+    allowed anywhere, and so is the id len(symbols), which stands for nothing).
+    max_tokens: static output width, at least `max_tokens(symbols, left, right, N)`.
+    Returns (ids [max_tokens] int32 padded with -1, length [] int32).
     """
-    n = symbols.shape[0]
-    k = bpe.sentinel + 1
+    n = slot_ids.shape[0] + 2
+    symbols = jnp.concatenate([jnp.array([LEFT], jnp.int32), slot_ids.astype(jnp.int32) + FIRST_SLOT,
+                               jnp.array([RIGHT], jnp.int32)])
+    base = bpe.base
+    sentinel = base - 1
     lengths = bpe.symbol_lengths[symbols]
     # Drop empty symbols so that windows see the real neighbours.
     order = jnp.argsort(lengths == 0, stable=True)
-    seq = jnp.where(lengths[order] > 0, symbols[order], bpe.sentinel)
-    pad = jnp.full((2,), bpe.sentinel, seq.dtype)
+    seq = jnp.where(lengths[order] > 0, symbols[order], sentinel)
+    pad = jnp.full((2,), sentinel, seq.dtype)
     ext = jnp.concatenate([pad, seq, pad[:1]])
-    window = ((ext[:-3] * k + ext[1:-2]) * k + ext[2:-1]) * k + ext[3:]  # [N]
+    window = ((ext[:-3] * base + ext[1:-2]) * base + ext[2:-1]) * base + ext[3:]  # [n]
     seq_len = bpe.symbol_lengths[seq]
     ends = jnp.cumsum(seq_len)
     total = ends[-1]
-    t = bpe.max_bytes(n)
-    j = jnp.arange(t)
+    j = jnp.arange(max_tokens)
     which = jnp.clip(jnp.searchsorted(ends, j, side="right"), 0, n - 1)
     inner = j - (ends[which] - seq_len[which])
     valid = j < total
