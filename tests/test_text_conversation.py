@@ -14,9 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import envs_jax  # noqa: E402
 from envs_jax.base import symbol_text  # noqa: E402
 from starpo_jax.text import blocks as bk  # noqa: E402
-from starpo_jax.text import build_codec, format_reward, render_conversation_text  # noqa: E402
+from starpo_jax.text import Codec, build_codec, format_reward, render_conversation_text  # noqa: E402
 from starpo_jax.text.templates import PromptTemplate  # noqa: E402
-from starpo_jax.text.testing import qwen_style_tokenizer, smollm2_tokenizer  # noqa: E402
 
 
 @pytest.mark.parametrize("value,text", [(0.0, "0"), (0.1, "0.1"), (-0.1, "-0.1"), (10.0, "10"), (9.9, "9.9"),
@@ -35,10 +34,15 @@ def test_template_validation(bad):
         PromptTemplate(**bad)
 
 
+# The codec is an argument, not a constant, so its tables are not baked into the program.
+_first = jax.jit(Codec.first_prompt)
+_later = jax.jit(Codec.next_prompt)
+
+
 @pytest.mark.parametrize("kind,mode", [("smollm2", "think"), ("qwen_style", "nothink")])
-def test_conversation_equals_chat_template(kind, mode):
+def test_conversation_equals_chat_template(request, kind, mode):
     env = envs_jax.make("frozen_lake")
-    tok = smollm2_tokenizer() if kind == "smollm2" else qwen_style_tokenizer([env.symbol_strings], [env.instructions])
+    tok = request.getfixturevalue(f"{kind}_tok")
     codec = build_codec(tok, env, mode=mode, verify=100)
     rng = np.random.default_rng(0)
     turns = 5
@@ -50,9 +54,7 @@ def test_conversation_equals_chat_template(kind, mode):
                else f"{tag} Down </answer>" for k in range(turns)]
     reply_ids = [tok.encode(r, add_special_tokens=False) for r in replies]
     assert all(r[: len(codec.forced_prefix_ids)] == list(codec.forced_prefix_ids) for r in reply_ids)
-    first = jax.jit(codec.first_prompt)
-    later = jax.jit(codec.next_prompt)
-    ids, n = first(grids[0], left[0])
+    ids, n = _first(codec, grids[0], left[0])
     got = np.asarray(ids)[: int(n)].tolist()
     for k in range(1, turns + 1):
         convo = got + reply_ids[k - 1] + list(codec.closing_ids)
@@ -61,5 +63,5 @@ def test_conversation_equals_chat_template(kind, mode):
                                             replies[:k], rewards[:k], left[:k])
         assert convo == tok.apply_chat_template(messages, tokenize=True, return_dict=False), k
         if k < turns:
-            ids, n = later(k + 1, rewards[k - 1], grids[k], left[k])
+            ids, n = _later(codec, k + 1, rewards[k - 1], grids[k], left[k])
             got = got + reply_ids[k - 1] + np.asarray(ids)[: int(n)].tolist()

@@ -23,7 +23,7 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-def _corpus(symbol_sets: list[tuple[str, ...]], extra: list[str], seed: int) -> list[str]:
+def _corpus(symbol_sets: tuple[tuple[str, ...], ...], extra: tuple[str, ...], seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     texts = list(extra)
     for symbols in symbol_sets:
@@ -35,9 +35,11 @@ def _corpus(symbol_sets: list[tuple[str, ...]], extra: list[str], seed: int) -> 
     return texts
 
 
-def qwen_style_tokenizer(symbol_sets: list[tuple[str, ...]], extra: list[str], *, vocab_size: int = 1200,
-                         seed: int = 0) -> PreTrainedTokenizerFast:
-    """Trains a Qwen2-style byte-level BPE on grids of `symbol_sets` plus the `extra` texts."""
+@functools.cache
+def qwen_style_tokenizer(symbol_sets: tuple[tuple[str, ...], ...], extra: tuple[str, ...], *,
+                         vocab_size: int = 1200, seed: int = 0) -> PreTrainedTokenizerFast:
+    """Trains a Qwen2-style byte-level BPE on grids of `symbol_sets` plus the `extra` texts
+    (once per process for the same arguments)."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -53,7 +55,12 @@ def qwen_style_tokenizer(symbol_sets: list[tuple[str, ...]], extra: list[str], *
 
 @functools.cache
 def smollm2_tokenizer() -> Any:
-    """The embedded SmolLM2 tokenizer (tiny-random's too), loaded once per process."""
-    from starpo_jax.models.loading import load_pretrained
+    """The embedded SmolLM2 tokenizer, loaded once per process.
 
-    return load_pretrained("tiny-random")[1]
+    It is also tiny-random's tokenizer: `load_pretrained("tiny-random")` pairs a random model
+    with this same loader's result; loading it alone skips initialising that model.
+    """
+    from starpo_jax.models.embedded import embedded_gguf_path
+    from starpo_jax.models.gguf import load_gguf_tokenizer
+
+    return load_gguf_tokenizer(embedded_gguf_path())
