@@ -58,14 +58,17 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def best_time(fn: Callable[[], Any], reps: int) -> float:
-    """Smallest wall time of `reps` calls of fn (which must block until its result is ready)."""
-    times = []
+def best_times(fns: list[Callable[[], Any] | None], reps: int) -> list[float | None]:
+    """Smallest wall time of each fn over `reps` rounds that call them in turn, so that both
+    sides of a comparison see the same machine load (other processes share these cores)."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for fn, spent in zip(fns, times, strict=True):
+            if fn is not None:
+                start = time.perf_counter()
+                fn()
+                spent.append(time.perf_counter() - start)
+    return [min(spent) if spent else None for spent in times]
 
 
 def matmul_peak(n: int, reps: int) -> tuple[float, float]:
@@ -73,16 +76,15 @@ def matmul_peak(n: int, reps: int) -> tuple[float, float]:
     x = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
     mm = jax.jit(lambda a: a @ a)
     mm(x).block_until_ready()
-    t_jax = best_time(lambda: mm(x).block_until_ready(), reps)
     y = torch.from_numpy(np.array(x))
     y @ y
-    t_torch = best_time(lambda: y @ y, reps)
+    t_jax, t_torch = best_times([lambda: mm(x).block_until_ready(), lambda: y @ y], reps)
     flops = 2.0 * n**3
     return flops / t_jax, flops / t_torch
 
 
-def jax_generation(model, prompts: np.ndarray, new_tokens: int, reps: int) -> tuple[float, float]:
-    """(compile seconds, best seconds per generate call) of the starpo-jax sampler."""
+def jax_generation(model, prompts: np.ndarray, new_tokens: int) -> tuple[float, Callable[[], None]]:
+    """(compile seconds, one warmed-up generate call) of the starpo-jax sampler."""
     b, t = prompts.shape
     options = SamplingOptions(max_new_tokens=new_tokens, temperature=1.0)  # no EOS: full budget
     graphdef, params = nnx.split(model)
@@ -106,11 +108,13 @@ def jax_generation(model, prompts: np.ndarray, new_tokens: int, reps: int) -> tu
         state["cache"] = out.cache
 
     run()
-    return compile_s, best_time(run, reps)
+    return compile_s, run
 
 
-def torch_generation(model, prompts: np.ndarray, new_tokens: int, reps: int, pad_id: int) -> float:
-    """Best seconds per `generate` call of transformers (sampling, EOS suppressed)."""
+def torch_generation(
+    model, prompts: np.ndarray, new_tokens: int, pad_id: int
+) -> Callable[[], None]:
+    """One warmed-up `generate` call of transformers (sampling, EOS suppressed)."""
     ids = torch.from_numpy(prompts.astype(np.int64))
     mask = torch.ones_like(ids)
 
@@ -130,11 +134,11 @@ def torch_generation(model, prompts: np.ndarray, new_tokens: int, reps: int, pad
         assert out.shape[1] == prompts.shape[1] + new_tokens
 
     run()
-    return best_time(run, reps)
+    return run
 
 
-def jax_train_step(model, batch: np.ndarray, reps: int) -> tuple[float, float]:
-    """(compile seconds, best seconds) of loss + gradients, loss = mean next-token cross-entropy."""
+def jax_train_step(model, batch: np.ndarray) -> tuple[float, Callable[[], None]]:
+    """(compile seconds, a warmed-up call) of loss and gradients; loss = mean next-token CE."""
     graphdef, params = nnx.split(model)
 
     def loss_fn(params: nnx.State, ids: jax.Array) -> jax.Array:
@@ -151,10 +155,10 @@ def jax_train_step(model, batch: np.ndarray, reps: int) -> tuple[float, float]:
         jax.block_until_ready(step(params, ids))
 
     run()
-    return compile_s, best_time(run, reps)
+    return compile_s, run
 
 
-def torch_train_step(model, batch: np.ndarray, reps: int) -> float:
+def torch_train_step(model, batch: np.ndarray) -> Callable[[], None]:
     ids = torch.from_numpy(batch.astype(np.int64))
 
     def run() -> None:
@@ -164,7 +168,7 @@ def torch_train_step(model, batch: np.ndarray, reps: int) -> float:
         loss.backward()
 
     run()
-    return best_time(run, reps)
+    return run
 
 
 def main() -> None:
@@ -209,12 +213,13 @@ def main() -> None:
 
     for b in batches:
         prompts = rng.integers(100, vocab, (b, prompt_len)).astype(np.int32)
-        compile_s, t_jax = jax_generation(model, prompts, new_tokens, reps)
-        t_torch = (
-            torch_generation(hf_model, prompts, new_tokens, reps, tokenizer.eos_token_id)
+        compile_s, run_jax = jax_generation(model, prompts, new_tokens)
+        run_torch = (
+            torch_generation(hf_model, prompts, new_tokens, tokenizer.eos_token_id)
             if hf_model is not None
             else None
         )
+        t_jax, t_torch = best_times([run_jax, run_torch], reps)
         progress(
             f"B={b}: jax {b * new_tokens / t_jax:.1f} tok/s (compile {compile_s:.1f} s), "
             f"torch {t_torch and b * new_tokens / t_torch} tok/s"
@@ -234,8 +239,9 @@ def main() -> None:
             rows.append((f"compile prefill+decode B={b}, s", compile_s, None, "s", 0.0))
 
     batch = rng.integers(100, vocab, (train_shape[0], train_shape[1] + 1)).astype(np.int32)
-    compile_s, t_jax = jax_train_step(model, batch, reps)
-    t_torch = torch_train_step(hf_model.train(), batch, reps) if hf_model is not None else None
+    compile_s, run_jax = jax_train_step(model, batch)
+    run_torch = torch_train_step(hf_model.train(), batch) if hf_model is not None else None
+    t_jax, t_torch = best_times([run_jax, run_torch], reps)
     tokens = train_shape[0] * train_shape[1]
     rows.append(
         (
