@@ -1,6 +1,6 @@
 """Sokoban level generation inside JAX: levels/s, CPU time per level, compile time, difficulty.
 
-    python experiments/bench_sokoban_gen.py [--quick] [--envs sokoban sokoban_large]
+    PYTHONPATH=. python experiments/bench_sokoban_gen.py [--quick] [--envs sokoban sokoban_large]
 
 Times `jit(vmap(env.reset))` (a reset is one generated level) at several batch sizes: wall
 levels/s from the median of repeated calls after a warm-up call, and CPU microseconds per level
