@@ -1,0 +1,7 @@
+"""StarPO-S with PPO on Sokoban, up to 5 turns (keys and switches: api.default_config)."""
+
+from starpo_jax.api import config_for
+
+
+def get_config():
+    return config_for("sokoban", "ppo")

@@ -1,0 +1,157 @@
+"""Train StarPO / StarPO-S from a config file, writing everything under a workdir.
+
+    python experiments/run.py --config bandit_grpo.py --workdir runs/bandit
+    python experiments/run.py --config sokoban_ppo.py --config.steps=50 \
+        --config.rollout.group_size=8 --workdir runs/sokoban
+    python experiments/run.py --config sokoban_ppo.py --workdir runs/sokoban --resume
+
+A bare config name resolves to experiments/configs/; keys and switches are documented in
+starpo_jax.api.default_config. The workdir gets config.json, metrics.jsonl (one JSON object
+per step: "step" and the metric names), TensorBoard events (tensorboard/) and orbax
+checkpoints (checkpoints/, every `checkpoint_every` steps, the newest `keep_checkpoints` kept,
+and always at the end). `--resume` continues from the newest checkpoint and gives the same
+metrics as a run never stopped. SIGINT / SIGTERM finish the current step, save and exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from starpo_jax import api  # noqa: E402
+from starpo_jax.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.logging import open_writers  # noqa: E402
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+# Keys a resumed run may change: they do not alter the numbers of any step.
+RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints")
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
+                                          "experiments/configs/).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, events and checkpoints.")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue from the newest checkpoint in --workdir.")
+
+
+def resolve_config_arg(argv: list[str]) -> list[str]:
+    """Rewrites `--config NAME[:arg]` / `--config=NAME` so that a bare file name that does not
+    exist here points into experiments/configs/."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            out[i + 1] = _resolve(out[i + 1])
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + _resolve(arg.split("=", 1)[1])
+    return out
+
+
+def _resolve(value: str) -> str:
+    path, sep, rest = value.partition(":")
+    if not Path(path).exists() and (CONFIG_DIR / path).exists():
+        return str(CONFIG_DIR / path) + sep + rest
+    return value
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGINT / SIGTERM (the loop stops after its current step); the previous
+    handlers come back on exit."""
+    stop = threading.Event()
+
+    def handler(signum, _frame):
+        print(f"\n{signal.Signals(signum).name}: saving after this step, then exiting",
+              flush=True)
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _check_workdir_config(path: Path, config: dict, resume: bool) -> None:
+    if not (resume and path.exists()):
+        return
+    saved = json.loads(path.read_text())
+    changed = sorted(k for k in set(saved) | set(config)
+                     if k not in RESUMABLE_CHANGES and saved.get(k) != config.get(k))
+    if changed:
+        raise ValueError(f"--resume with a config that differs from {path} in {changed}; only "
+                         f"{list(RESUMABLE_CHANGES)} may change when resuming")
+
+
+def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
+          stop: threading.Event | None = None) -> int:
+    """Runs exp.config.steps iterations of `exp` (resuming from workdir's newest checkpoint if
+    `resume`), logging and checkpointing under `workdir`. Stops early, after saving, when `stop`
+    is set. Returns the number of steps done."""
+    c = exp.config
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / "config.json"
+    _check_workdir_config(config_path, c.to_dict(), resume)
+    checkpoints = Checkpoints(workdir / "checkpoints", c.checkpoint_every, c.keep_checkpoints)
+    if checkpoints.latest_step is not None and not resume:
+        raise FileExistsError(f"{workdir} already holds checkpoints (newest: step "
+                              f"{checkpoints.latest_step}); pass --resume or another --workdir")
+    exp.state = exp.fresh_state() if exp.steps_done else exp.state
+    if resume:
+        exp.state = checkpoints.restore_latest(like=exp.state) or exp.state
+    config_path.write_text(c.to_json(indent=2) + "\n")
+    first = exp.steps_done
+    writers = open_writers(workdir, c.steps, first, console_every=c.log_every)
+    try:
+        while exp.steps_done < c.steps and not (stop and stop.is_set()):
+            start = time.perf_counter()
+            metrics = exp.step()
+            metrics["timing/step_seconds"] = time.perf_counter() - start
+            writers.write(exp.steps_done, metrics)
+            checkpoints.maybe_save(exp.state)
+        checkpoints.maybe_save(exp.state, force=True)
+    finally:
+        writers.close()
+        checkpoints.close()
+    return exp.steps_done
+
+
+def _main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _WORKDIR.value is None:
+        raise app.UsageError("--workdir is required")
+    config = _CONFIG.value
+    api.train_config(config)  # every key and value checked before anything loads or compiles
+    print(f"config {flags.FLAGS['config'].config_filename} -> {_WORKDIR.value}", flush=True)
+    exp = api.build(config)
+    with stop_on_signals() as stop:
+        done = train(exp, Path(_WORKDIR.value), resume=_RESUME.value, stop=stop)
+    print(f"{done}/{config.steps} steps; workdir {_WORKDIR.value}", flush=True)
+
+
+def main() -> None:
+    try:
+        app.run(_main, argv=resolve_config_arg(sys.argv))
+    except ValueError as error:  # a config mistake: the message names the key; no traceback
+        sys.exit(f"error: {error}")
+    except (KeyError, AttributeError) as error:
+        if "config" in flags.FLAGS and flags.FLAGS["config"].present:
+            raise  # flags were parsed: a bug, not a config mistake
+        # config_flags rejects an override of a key the config does not have this way.
+        detail = str(error.args[0]).replace("\\n", " ").replace("\\'", "'")
+        sys.exit(f"error: unknown --config override key: {detail}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""The functional API for notebooks and scripts: one config in, a ready-to-step experiment out.
+
+    from starpo_jax import api
+    config = api.config_for("bandit", "grpo")      # an ml_collections ConfigDict
+    config.model.source = "tiny-random"
+    exp = api.build(config)                        # env, model, tokenizer, codec, state, step
+    metrics = exp.step()                           # one StarPO iteration -> {name: float}
+    exp.state.step                                 # the TrainState (int32 step counter inside)
+
+`build` checks the whole config first (unknown keys, bad values: named, with what is valid)
+and only then loads the model and compiles. The key of iteration t is fold_in(key(seed), t)
+(train.py), so the numbers depend only on (config, seed, step): a resumed run repeats a run
+never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Callable
+
+import jax
+from ml_collections import config_dict
+
+import envs_jax
+from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,
+                               RolloutConfig, TrainConfig)
+from starpo_jax.models import load_pretrained
+from starpo_jax.text import build_codec
+from starpo_jax.train import TrainState, init_train_state, make_train_step
+
+ConfigDict = config_dict.ConfigDict
+SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": AdvantageConfig,
+            "loss": LossConfig, "optim": OptimConfig}
+DTYPES = ("float32", "bfloat16")
+# Dataclass fields that may be None: typed so that --config overrides parse.
+_OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool}
+# Set by the `nothink` switch, not a key of its own.
+_DERIVED = {"rollout": ("mode",)}
+
+
+def _section(name: str, **overrides: Any) -> ConfigDict:
+    out = ConfigDict()
+    for field in dataclasses.fields(SECTIONS[name]):
+        if field.name in _DERIVED.get(name, ()):
+            continue
+        value = overrides.get(field.name, field.default)
+        if field.name in _OPTIONAL:
+            value = config_dict.FieldReference(value, field_type=_OPTIONAL[field.name])
+        out[field.name] = value
+    return out
+
+
+def default_config() -> ConfigDict:
+    """Every key a run accepts, with StarPO-S defaults sized for a laptop CPU (bandit, GRPO).
+
+    `vanilla=True` turns StarPO-S into vanilla StarPO (KL 0.001, symmetric clip 0.2, no
+    filter; it overrides those three keys). `nothink=True` starts replies with <answer>.
+    prompt.* = None keeps the default (RAGEN's) prompt text; prompt.verify is the number of
+    random renderings the codec checks against the tokenizer when it is built.
+    eval_every must stay 0 for now: evaluation is not implemented yet.
+    """
+    c = ConfigDict()
+    c.seed = 0
+    c.steps = 30
+    c.algo = "grpo"
+    c.vanilla = False
+    c.nothink = False
+    c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32"})
+    c.env = ConfigDict({"name": "bandit"})
+    c.prompt = ConfigDict({"system": config_dict.placeholder(str),
+                           "intro": config_dict.placeholder(str),
+                           "turn": config_dict.placeholder(str), "verify": 50})
+    c.rollout = _section("rollout", groups=4, group_size=4, reply_tokens=48)
+    for name in ("filter", "advantage", "loss", "optim"):
+        c[name] = _section(name)
+    c.log_every = 1
+    c.eval_every = 0
+    c.checkpoint_every = 10
+    c.keep_checkpoints = 3
+    return c
+
+
+def config_for(env: str, algo: str, **rollout: Any) -> ConfigDict:
+    """default_config() for `env` trained with `algo` ("ppo" | "grpo"), rollout keys updated."""
+    c = default_config()
+    c.env.name, c.algo = env, algo
+    c.rollout.update(rollout)
+    return c
+
+
+def _check_keys(given: Any, known: ConfigDict, prefix: str = "") -> None:
+    for key in given.keys():
+        name = prefix + key
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known.keys()), n=1)
+            hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown config key {name!r}{hint}; valid keys"
+                             f"{' in ' + repr(prefix[:-1]) if prefix else ''}: {sorted(known.keys())}")
+        if isinstance(known[key], ConfigDict):
+            if not hasattr(given[key], "keys"):
+                raise ValueError(f"config key {name!r} = {given[key]!r} must be a section with "
+                                 f"keys {sorted(known[key].keys())}")
+            _check_keys(given[key], known[key], name + ".")
+
+
+def _merged(config: Any) -> ConfigDict:
+    """default_config() updated with `config` (ConfigDict or nested dict), keys checked."""
+    _check_keys(config, default_config())
+    values = config.to_dict() if isinstance(config, ConfigDict) else config
+    full = default_config()
+    try:
+        full.update(values)
+    except TypeError as error:  # ConfigDict's own type check, e.g. a str for an int
+        raise ValueError(f"bad config value: {error}") from error
+    return full
+
+
+def _require(name: str, value: Any, ok: bool, valid: str) -> None:
+    if not ok:
+        raise ValueError(f"config.{name} = {value!r} is invalid; valid: {valid}")
+
+
+def _is_int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def train_config(config: ConfigDict) -> TrainConfig:
+    """Checks every key and value of an experiment config (nothing is loaded or compiled) and
+    returns the TrainConfig it describes. Raises ValueError naming the key and what is valid."""
+    full = _merged(config)
+    for name, low in (("seed", 0), ("steps", 1), ("log_every", 1), ("checkpoint_every", 0),
+                      ("keep_checkpoints", 1), ("prompt.verify", 0)):
+        value = full[name] if "." not in name else full.prompt.verify
+        _require(name, value, _is_int(value, low), f"an int >= {low}")
+    _require("eval_every", full.eval_every, full.eval_every == 0,
+             "0 (evaluation during training is not implemented yet)")
+    for name in ("vanilla", "nothink"):
+        _require(name, full[name], isinstance(full[name], bool), "True or False")
+    _require("model.source", full.model.source, isinstance(full.model.source, str) and
+             bool(full.model.source), "'smollm2-135m-instruct', 'tiny-random', a .gguf path or a "
+             "Hugging Face model directory")
+    _require("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
+    _require("env.name", full.env.name, full.env.name in envs_jax.names(),
+             f"one of {envs_jax.names()}")
+    sections = {name: kind(**full[name].to_dict()) for name, kind in SECTIONS.items()}
+    if full.nothink:
+        sections["rollout"] = dataclasses.replace(sections["rollout"], mode="nothink")
+    result = TrainConfig(algo=full.algo, **sections)
+    return result.vanilla() if full.vanilla else result
+
+
+def config_from_train_config(train: TrainConfig, **top: Any) -> ConfigDict:
+    """An experiment config holding `train`'s values; `top` sets other keys (e.g. steps=5).
+    Nested keys go in as sections: model={"source": "tiny-random"}."""
+    c = default_config()
+    c.algo = train.algo
+    c.nothink = train.rollout.mode == "nothink"
+    for name in SECTIONS:
+        values = dataclasses.asdict(getattr(train, name))
+        c[name].update({k: v for k, v in values.items() if k in c[name]})
+    _check_keys(top, c)
+    c.update(top)
+    return c
+
+
+@dataclasses.dataclass
+class Experiment:
+    """A built experiment. `step()` advances `state` by one compiled StarPO iteration."""
+
+    config: ConfigDict
+    train: TrainConfig
+    env: envs_jax.TextEnv
+    model: Any  # Decoder: its graph and initial weights
+    tokenizer: Any
+    codec: Any  # Codec
+    state: TrainState
+    train_step: Callable[[TrainState, jax.Array], tuple[TrainState, dict[str, jax.Array]]]
+    key: jax.Array  # the run's key; iteration t uses fold_in(key, t)
+    init_key: jax.Array  # the critic head's initialisation key
+
+    def step(self, key: jax.Array | None = None) -> dict[str, float]:
+        """One iteration (rollout, filter, update) -> its metrics as host floats. `key`
+        defaults to the run's key; the state's step counter is folded in either way."""
+        self.state, metrics = self.train_step(self.state, self.key if key is None else key)
+        return {name: float(value) for name, value in jax.device_get(metrics).items()}
+
+    def fresh_state(self) -> TrainState:
+        """The step-0 state of this config (the compiled step is reused)."""
+        return init_train_state(self.train, self.init_key, model=self.model)
+
+    @property
+    def steps_done(self) -> int:
+        return int(self.state.step)
+
+
+def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
+    """Checks `config` (a ConfigDict like default_config(), or a TrainConfig plus top-level keys
+    in `top`), then loads the model, builds the env and codec, the initial state and the
+    jitted step. Raises ValueError naming a bad key or value before anything is compiled."""
+    if isinstance(config, TrainConfig):
+        config = config_from_train_config(config, **top)
+    elif top:
+        raise TypeError(f"keyword arguments {sorted(top)} only go with a TrainConfig")
+    train = train_config(config)
+    full = _merged(config)
+    model, tok = load_pretrained(full.model.source, full.model.dtype)
+    env = envs_jax.make(full.env.name)
+    template = {k: v for k, v in full.prompt.items() if k != "verify" and v is not None}
+    codec = build_codec(tok, env, mode=train.rollout.mode,
+                        max_actions_per_turn=train.rollout.max_actions_per_turn,
+                        max_tokens=train.rollout.reply_tokens, verify=full.prompt.verify,
+                        **template)
+    init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
+    step = make_train_step(train, env, codec, model=model, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id)
+    return Experiment(config=full, train=train, env=env, model=model, tokenizer=tok, codec=codec,
+                      state=init_train_state(train, init_key, model=model), train_step=step,
+                      key=key, init_key=init_key)

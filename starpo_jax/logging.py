@@ -1,0 +1,129 @@
+"""Metric writers for a run's workdir: JSONL, TensorBoard and a console progress line.
+
+    writer = open_writers(workdir, total_steps=30, first_step=0)
+    writer.write(step, {"train/success": 0.25, ...})    # step counts from 1
+    writer.close()
+
+Metric names carry their TensorBoard section as a prefix (train/, rollout/, actor/, critic/,
+timing/). A resumed run (first_step > 0) first drops the JSONL lines after `first_step`, which
+an interrupted run may have written after its last checkpoint, so the file stays one line per
+step in order.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Mapping, Protocol, TextIO
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+# Shown on the console line, in this order, when present.
+CONSOLE_KEYS = ("train/success", "rollout/reward_mean", "rollout/reward_std", "actor/entropy",
+                "actor/grad_norm", "critic/vf_loss")
+
+
+class MetricWriter(Protocol):
+    def write(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlWriter:
+    """One JSON object per step: {"step": step, **metrics}, flushed line by line."""
+
+    def __init__(self, path: Path, first_step: int = 0):
+        kept = []
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= first_step]
+        path.write_text("".join(line + "\n" for line in kept))
+        self._file = path.open("a")
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardWriter:
+    """Scalars via tensorboardX; purge_step discards events after a resumed run's start."""
+
+    def __init__(self, logdir: Path, first_step: int = 0):
+        from tensorboardX import SummaryWriter  # imported here: only runs that log need it
+
+        self._writer = SummaryWriter(str(logdir), purge_step=first_step + 1 if first_step else None)
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        for name, value in metrics.items():
+            self._writer.add_scalar(name, value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def format_duration(seconds: float) -> str:
+    """3725.0 -> "1:02:05"."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class ConsoleProgress:
+    """A line per logged step: step/total, percent, s/step, ETA and the key metrics.
+
+    The first step of a process includes compilation, so the rate (and ETA) uses the steps
+    after it once there are any.
+    """
+
+    def __init__(self, total_steps: int, first_step: int = 0, every: int = 1,
+                 stream: TextIO = sys.stdout):
+        self._total, self._first, self._every, self._stream = total_steps, first_step, every, stream
+        self._start = time.perf_counter()
+        self._after_first: tuple[int, float] | None = None
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        now = time.perf_counter()
+        if self._after_first is None:
+            self._after_first = (step, now)
+            rate = now - self._start
+        else:
+            rate = (now - self._after_first[1]) / max(step - self._after_first[0], 1)
+        if step % self._every and step != self._total:
+            return
+        shown = " ".join(f"{k.split('/')[-1]}={metrics[k]:.3g}" for k in CONSOLE_KEYS if k in metrics)
+        eta = format_duration(rate * (self._total - step))
+        print(f"step {step}/{self._total} [{100 * step // self._total:3d}%] {rate:.2f}s/step "
+              f"ETA {eta} | {shown}", file=self._stream, flush=True)
+
+    def close(self) -> None:
+        elapsed = format_duration(time.perf_counter() - self._start)
+        print(f"done in {elapsed} (this process)", file=self._stream, flush=True)
+
+
+class Writers:
+    """Fans each write out to several writers."""
+
+    def __init__(self, writers: list[MetricWriter]):
+        self._writers = writers
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        for writer in self._writers:
+            writer.write(step, metrics)
+
+    def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+
+
+def open_writers(workdir: Path, total_steps: int, first_step: int = 0, console_every: int = 1,
+                 ) -> Writers:
+    """JSONL + TensorBoard under `workdir`, and the console line every `console_every` steps."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return Writers([JsonlWriter(workdir / METRICS_FILE, first_step),
+                    TensorBoardWriter(workdir / TENSORBOARD_DIR, first_step),
+                    ConsoleProgress(total_steps, first_step, console_every)])
