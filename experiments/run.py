@@ -149,7 +149,7 @@ def main() -> None:
         if "config" in flags.FLAGS and flags.FLAGS["config"].present:
             raise  # flags were parsed: a bug, not a config mistake
         # config_flags rejects an override of a key the config does not have this way.
-        detail = str(error.args[0]).replace("\\n", " ").replace("\\'", "'")
+        detail = str(error.args[0]).strip("'").replace("\\n", " ").replace("\\'", "'")
         sys.exit(f"error: unknown --config override key: {detail}")
 
 
