@@ -7,9 +7,11 @@ the concatenated string, in two steps that mirror the tokenizer:
 1. Pre-token boundaries. The pre-tokenizer's regex decides where pre-tokens start; for the
    alphabets here that decision depends on a few neighbouring characters only. We tabulate it
    over every window (two symbols back, the symbol, one ahead) that can occur in a
-   `left + symbols + right` text, running the tokenizer's own pre-tokenizer on each window's
-   text, so the table holds one start flag per byte of the middle symbol. Inside jit a row's
-   boundaries are table lookups.
+   `left + symbols + right` text, running the tokenizer's own pre-tokenizer: windows of four
+   slot symbols are read off one long text holding each of them once (a de Bruijn sequence),
+   the others (at an edge, or touching the fixed texts) off their own short text. The table
+   holds one start flag per byte of the middle symbol; inside jit a row's boundaries are
+   table lookups.
 2. BPE merges, restricted to the tokens reachable from the alphabet's bytes: each step every
    pre-token merges all leftmost non-overlapping occurrences of its lowest-ranked pair, which is
    the order `tokenizers` applies merges in.
@@ -168,17 +170,67 @@ def _windows(slot_ids: list[int], left: bool, right: bool, sentinel: int) -> lis
     return [(b2, b1, c, a) for c in middles for b1 in pred[c] for b2 in pred[b1] for a in succ[c]]
 
 
+def _char_flags(starts: set[int], at: int, middle: str) -> tuple[bool, ...]:
+    """Start flag of each byte of `middle`, found at char offset `at` (continuation bytes: False)."""
+    out: list[bool] = []
+    for k, ch in enumerate(middle):
+        out += [at + k in starts] + [False] * (len(ch.encode("utf-8")) - 1)
+    return tuple(out)
+
+
 def _start_flags(cache: _TokenizerCache, before: str, middle: str, after: str) -> tuple[bool, ...]:
     """Pre-token start flag of each byte of `middle` in the text before + middle + after."""
     key = (before, middle, after)
     flags = cache.flags.get(key)
     if flags is None:
         starts = {s for _, (s, _) in cache.backend.pre_tokenizer.pre_tokenize_str(before + middle + after)}
-        out: list[bool] = []
-        for k, ch in enumerate(middle):
-            out += [len(before) + k in starts] + [False] * (len(ch.encode("utf-8")) - 1)
-        flags = cache.flags[key] = tuple(out)
+        flags = cache.flags[key] = _char_flags(starts, len(before), middle)
     return flags
+
+
+def _de_bruijn(k: int, n: int) -> list[int]:
+    """A sequence over range(k) holding every length-n word exactly once when read cyclically:
+    the Lyndon words whose length divides n, concatenated in lexicographic order."""
+    word = [0] * (n + 1)
+    out: list[int] = []
+
+    def extend(t: int, p: int) -> None:
+        if t > n:
+            if n % p == 0:
+                out.extend(word[1: p + 1])
+            return
+        word[t] = word[t - p]
+        extend(t + 1, p)
+        for j in range(word[t - p] + 1, k):
+            word[t] = j
+            extend(t + 1, t)
+
+    extend(1, 1)
+    return out
+
+
+def _fill_interior(starts: np.ndarray, cache: _TokenizerCache, slot_ids: list[int], text_of: tuple[str, ...],
+                   base: int) -> None:
+    """Writes the start flags of every window of four slot symbols into `starts`, reading them
+    off one text that holds each such window once (a de Bruijn sequence): one pre-tokenizer
+    call instead of len(slot_ids)**4."""
+    if not slot_ids:
+        return
+    seq = np.array([slot_ids[i] for i in _de_bruijn(len(slot_ids), 4)])
+    seq = np.concatenate([seq, seq[:3]])  # read linearly, every window occurs
+    chars = np.array([len(t) for t in text_of])
+    offsets = np.concatenate([[0], np.cumsum(chars[seq])])
+    is_start = np.zeros(offsets[-1] + 1, bool)
+    pieces = cache.backend.pre_tokenizer.pre_tokenize_str("".join(text_of[s] for s in seq))
+    is_start[[s for _, (s, _) in pieces]] = True
+    b2, b1, c, a = seq[:-3], seq[1:-2], seq[2:-1], seq[3:]
+    rows = ((b2 * base + b1) * base + c) * base + a
+    at = offsets[2:-2]  # char offset of each window's middle symbol
+    for symbol in slot_ids:
+        char_of_byte = [k for k, ch in enumerate(text_of[symbol]) for _ in ch.encode("utf-8")]
+        first_byte = [j == 0 for ch in text_of[symbol] for j in range(len(ch.encode("utf-8")))]
+        here = c == symbol
+        starts[rows[here], : len(first_byte)] = is_start[at[here][:, None] + char_of_byte] & first_byte
 
 
 def build_symbol_bpe(tokenizer: Any, symbols: tuple[str, ...], left: str = "", right: str = "") -> SymbolBpe:
@@ -223,7 +275,12 @@ def build_symbol_bpe(tokenizer: Any, symbols: tuple[str, ...], left: str = "", r
     text_of = (*texts, "")  # the sentinel renders as nothing: the text's edge
     slot_ids = [FIRST_SLOT + i for i, s in enumerate(symbols) if s]
     starts = np.zeros((bucket(base**4, 2**16), width), bool)
+    _fill_interior(starts, cache, slot_ids, text_of, base)
+    interior = set(slot_ids)
     for b2, b1, c, a in _windows(slot_ids, bool(left), bool(right), sentinel):
+        if {b2, b1, c, a} <= interior:
+            continue
+        # A window at the text's edge or touching the fixed texts: tabulated on its own.
         flags = _start_flags(cache, text_of[b2] + text_of[b1], text_of[c], text_of[a])
         starts[((b2 * base + b1) * base + c) * base + a, : len(flags)] = flags
     byte_token = np.full((256,), -1, np.int32)
