@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from starpo_jax.text.symbol_bpe import SymbolBpe, bucket, build_symbol_bpe, encode_region, max_tokens, stack_tables
+from starpo_jax.text.symbol_bpe import SymbolBpe, build_symbol_bpe, encode_region, max_tokens, stack_tables
 from starpo_jax.text.templates import MAX_CENTS, MAX_REWARD, format_reward
 
 DIGITS = tuple("0123456789")
@@ -228,6 +228,13 @@ def build_block(tokenizer: Any, parts: Sequence[str | Slot], *, samples: int = 6
 
 
 VERIFY_ROWS = 256  # fillings per verification call: one compiled batch shape
+# Slot widths verification pads to: numbers and one-row menus, grids up to 8x8 (71 symbols),
+# then multiples of the largest. Few classes, so few compiles; padding costs little to run.
+_VERIFY_WIDTHS = (16, 128)
+
+
+def _verify_width(width: int) -> int:
+    return next((w for w in _VERIFY_WIDTHS if width <= w), -(-width // _VERIFY_WIDTHS[-1]) * _VERIFY_WIDTHS[-1])
 
 
 @functools.partial(jax.jit, static_argnames="width")
@@ -243,7 +250,7 @@ def _region_tokens(block: Block, g: int, slot_ids: np.ndarray) -> list[list[int]
     region of about that width and table size runs the same compiled `_encode_rows`.
     """
     tables = jax.tree.map(lambda x: np.asarray(x)[g], block.tables)  # host slicing: no compile
-    n = bucket(block.slot_widths[g], 16)
+    n = _verify_width(block.slot_widths[g])
     padded = np.full((slot_ids.shape[0], n), int(tables.base) - 3, np.int32)
     padded[:, : block.slot_widths[g]] = slot_ids
     width = (n + 2) * tables.symbol_bytes.shape[1]  # >= the region's max_tokens, from shapes only

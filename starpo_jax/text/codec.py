@@ -20,6 +20,7 @@ All methods take one row or any leading batch axes.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import flax.struct
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 from starpo_jax.text import blocks as bk
 from starpo_jax.text.parse import ParsedReply, ReplyParser, build_parser, parse
 from starpo_jax.text.templates import NO_THINK, THINK, PromptTemplate, default_template, intro_text
-from starpo_jax.text.token_bytes import token_byte_table
+from starpo_jax.text.token_bytes import TokenBytes, token_byte_table
 
 _SENTINELS = ("\x01SYS\x01", "\x01U1\x01", "\x01A1\x01", "\x01U2\x01", "\x01A2\x01")
 
@@ -140,12 +141,24 @@ def build_codec(tokenizer: Any, env: Any, mode: str = THINK, *, max_actions_per_
     later = bk.build_block(tokenizer, [chat["assistant_to_user"], *_split(template.reward, {"reward": reward}),
                                        *turn_parts, chat["user_to_assistant"]], verify=verify)
     encode = lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
-    parser = build_parser(token_byte_table(tokenizer), env.action_names, think=template.think,
+    parser = build_parser(_token_bytes(tokenizer), env.action_names, think=template.think,
                           separator=template.action_sep, max_actions=max_actions_per_turn,
                           max_bytes=max_reply_bytes)
     return Codec(observation=observation, first=first, later=later, parser=parser,
                  closing_ids=encode(chat["closing"]), forced_prefix_ids=encode(template.forced_prefix),
                  template=template, grid_shape=(rows, cols), newline_id=len(symbols))
+
+
+_TOKEN_BYTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _token_bytes(tokenizer: Any) -> TokenBytes:
+    """`token_byte_table(tokenizer)`, built once per tokenizer (again if tokens were added)."""
+    size, table = _TOKEN_BYTES.get(tokenizer, (None, None))
+    if size != len(tokenizer):
+        table = token_byte_table(tokenizer)
+        _TOKEN_BYTES[tokenizer] = (len(tokenizer), table)
+    return table
 
 
 def _over_leading(fn, extra: int, *args):
