@@ -18,12 +18,15 @@ from starpo_jax.text import Codec, build_codec, format_reward, render_conversati
 from starpo_jax.text.templates import PromptTemplate  # noqa: E402
 
 
+_reward_symbols = jax.jit(bk.reward_symbols)  # one compile for the table, not one per eager op
+
+
 @pytest.mark.parametrize("value,text", [(0.0, "0"), (0.1, "0.1"), (-0.1, "-0.1"), (10.0, "10"), (9.9, "9.9"),
                                         (1.25, "1.25"), (-0.001, "0"), (0.125, "0.12"), (1e9, "999999.99"),
                                         (-1.1, "-1.1"), (10.9, "10.9"), (100.5, "100.5")])
 def test_reward_text_host_and_jax(value, text):
     assert format_reward(value) == text
-    spelled = "".join(bk.NUMBER_SYMBOLS[i] for i in np.asarray(bk.reward_symbols(jnp.float32(value))))
+    spelled = "".join(bk.NUMBER_SYMBOLS[i] for i in np.asarray(_reward_symbols(jnp.float32(value))))
     assert spelled == text
 
 

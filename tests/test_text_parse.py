@@ -12,7 +12,6 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from starpo_jax.text.parse import answer_closed, build_parser, parse, reference_parse, stop_strings  # noqa: E402
-from starpo_jax.text.testing import smollm2_tokenizer  # noqa: E402
 from starpo_jax.text.token_bytes import token_byte_table  # noqa: E402
 
 NAMES = ("Left", "Down", "Right", "Up")
@@ -20,8 +19,8 @@ T = 96
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return smollm2_tokenizer()
+def tok(smollm2_tok):
+    return smollm2_tok
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +148,10 @@ def test_answer_closed_matches_substring(tok, table):
     from starpo_jax.sampling import stop_tail_width
 
     tail = jnp.full((1, stop_tail_width(stop_strings())), -1, jnp.int32)
+    step = jax.jit(answer_closed)  # one compile per shape, not one per eager op
     hits = []
     for t in enc:
-        hit, tail = answer_closed(tail, jnp.array([t]), jnp.asarray(table.bytes), jnp.asarray(table.lengths))
+        hit, tail = step(tail, jnp.array([t]), jnp.asarray(table.bytes), jnp.asarray(table.lengths))
         hits.append(bool(hit[0]))
     prefix_texts = [tok.decode(enc[: i + 1]) for i in range(len(enc))]
     first = next(i for i, s in enumerate(prefix_texts) if "</answer>" in s)
