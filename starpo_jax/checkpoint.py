@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from starpo_jax.train import TrainState
@@ -53,7 +55,11 @@ class Checkpoints:
         if step is None:
             return None
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        restored = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        # Orbax commits every array to its device; uncommitted leaves of `like` (a fresh
+        # single-device state) stay uncommitted so that the compiled step is reused, not redone.
+        return jax.tree.map(lambda r, x: r if x.committed else jnp.asarray(np.asarray(r)),
+                            restored, like)
 
     def close(self) -> None:
         self.manager.close()
