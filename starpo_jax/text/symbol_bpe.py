@@ -19,7 +19,7 @@ the concatenated string, in two steps that mirror the tokenizer:
 Whether step 1's window is wide enough is not assumed: `build_symbol_bpe`'s callers verify
 against `tokenizer.encode` on many random sequences and raise if any differs.
 
-Cost. Tables are padded to power-of-two sizes (`bucket`) and carry no static metadata, so
+Cost. Tables are padded to power-of-two sizes (`_bucket`) and carry no static metadata, so
 alphabets of similar size share one compiled program when the tables are passed as arguments.
 Host work is cached per tokenizer (the tokenizer is assumed not to change, except that adding
 tokens, which changes `len(tokenizer)`, drops its cache): the parsed vocabulary and merges, the
@@ -46,7 +46,7 @@ LEFT, RIGHT, FIRST_SLOT = 0, 1, 2  # ids of the fixed texts and of the first slo
 
 
 class SymbolBpe(flax.struct.PyTreeNode):
-    """Tables for `encode_region`; every size is padded (`bucket`), no static fields.
+    """Tables for `encode_region`; every size is padded (`_bucket`), no static fields.
 
     Ids: 0 = left text, 1 = right text, 2 + i = slot symbol i, base - 1 = the edge sentinel;
     ids from base on are padding. The sentinel, padding and "" have length 0.
@@ -72,7 +72,7 @@ class SymbolBpe(flax.struct.PyTreeNode):
     local_to_id: jax.Array
 
 
-def bucket(n: int, least: int) -> int:
+def _bucket(n: int, least: int) -> int:
     """The smallest power of two >= max(n, least): table sizes that many alphabets share."""
     return max(least, 1 << max(0, int(n) - 1).bit_length())
 
@@ -92,7 +92,7 @@ class _TokenizerCache:
 _CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def backend_spec(tokenizer: Any) -> tuple[Any, dict]:
+def _backend_spec(tokenizer: Any) -> tuple[Any, dict]:
     """(`tokenizers.Tokenizer`, its parsed JSON) behind a transformers fast tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     if not hasattr(backend, "to_str"):
@@ -103,7 +103,7 @@ def backend_spec(tokenizer: Any) -> tuple[Any, dict]:
 def _cache(tokenizer: Any) -> _TokenizerCache:
     cache = _CACHES.get(tokenizer)
     if cache is None or cache.size != len(tokenizer):
-        backend, spec = backend_spec(tokenizer)
+        backend, spec = _backend_spec(tokenizer)
         _check_model(spec)
         vocab = spec["model"]["vocab"]
         merges_of: dict[int, list[tuple[int, int, int, int]]] = {}
@@ -141,11 +141,11 @@ def _reachable_merges(cache: _TokenizerCache, byte_ids: set[int]) -> tuple[np.nd
                     reachable.add(result)
                     frontier.append(result)
     local_ids = np.array(sorted(reachable), np.int32)
-    r = bucket(len(local_ids), 512)
+    r = _bucket(len(local_ids), 512)
     if r * r >= 2**31:
         raise ValueError(f"{len(local_ids)} reachable tokens: the alphabet is too large for int32 merge keys")
     local = {int(t): i for i, t in enumerate(local_ids)}
-    m = bucket(len(used) + 1, 512)  # + 1: at least one never-matching key
+    m = _bucket(len(used) + 1, 512)  # + 1: at least one never-matching key
     keys = np.full((m,), _NO_MERGE, np.int64)
     ranks = np.full((m,), _NO_MERGE, np.int32)
     results = np.zeros((m,), np.int32)
@@ -263,8 +263,8 @@ def build_symbol_bpe(tokenizer: Any, symbols: tuple[str, ...], left: str = "", r
     local_ids, local, keys, ranks, results = _reachable_merges(cache, set(byte_ids.values()))
 
     encoded = [s.encode("utf-8") for s in texts]
-    width = bucket(max(len(e) for e in encoded), 4)
-    rows = bucket(base, 16)
+    width = _bucket(max(len(e) for e in encoded), 4)
+    rows = _bucket(base, 16)
     symbol_bytes = np.zeros((rows, width), np.uint8)
     symbol_lengths = np.zeros((rows,), np.int32)
     for i, e in enumerate(encoded):
@@ -274,7 +274,7 @@ def build_symbol_bpe(tokenizer: Any, symbols: tuple[str, ...], left: str = "", r
     sentinel = base - 1
     text_of = (*texts, "")  # the sentinel renders as nothing: the text's edge
     slot_ids = [FIRST_SLOT + i for i, s in enumerate(symbols) if s]
-    starts = np.zeros((bucket(base**4, 2**16), width), bool)
+    starts = np.zeros((_bucket(base**4, 2**16), width), bool)
     _fill_interior(starts, cache, slot_ids, text_of, base)
     interior = set(slot_ids)
     for b2, b1, c, a in _windows(slot_ids, bool(left), bool(right), sentinel):
