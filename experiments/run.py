@@ -27,7 +27,7 @@ from typing import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
@@ -131,6 +131,8 @@ def _main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax's INFO lines would bury the progress
     config = _CONFIG.value
     api.train_config(config)  # every key and value checked before anything loads or compiles
     print(f"config {flags.FLAGS['config'].config_filename} -> {_WORKDIR.value}", flush=True)

@@ -74,10 +74,10 @@ def format_duration(seconds: float) -> str:
 
 
 class ConsoleProgress:
-    """A line per logged step: step/total, percent, s/step, ETA and the key metrics.
+    """A line every `every` steps: step/total, percent, s/step, ETA and the key metrics.
 
-    The first step of a process includes compilation, so the rate (and ETA) uses the steps
-    after it once there are any.
+    The first step of a process includes compilation: it is always shown, with its own time,
+    and the rate (and ETA) counts only the steps after it.
     """
 
     def __init__(self, total_steps: int, first_step: int = 0, every: int = 1,
@@ -90,15 +90,15 @@ class ConsoleProgress:
         now = time.perf_counter()
         if self._after_first is None:
             self._after_first = (step, now)
-            rate = now - self._start
+            timing = f"{now - self._start:.1f}s incl. compile"
         else:
             rate = (now - self._after_first[1]) / max(step - self._after_first[0], 1)
-        if step % self._every and step != self._total:
+            timing = f"{rate:.2f}s/step ETA {format_duration(rate * (self._total - step))}"
+        if step % self._every and step != self._total and step != self._after_first[0]:
             return
         shown = " ".join(f"{k.split('/')[-1]}={metrics[k]:.3g}" for k in CONSOLE_KEYS if k in metrics)
-        eta = format_duration(rate * (self._total - step))
-        print(f"step {step}/{self._total} [{100 * step // self._total:3d}%] {rate:.2f}s/step "
-              f"ETA {eta} | {shown}", file=self._stream, flush=True)
+        print(f"step {step}/{self._total} [{100 * step // self._total:3d}%] {timing} | {shown}",
+              file=self._stream, flush=True)
 
     def close(self) -> None:
         elapsed = format_duration(time.perf_counter() - self._start)
