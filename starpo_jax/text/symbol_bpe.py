@@ -101,6 +101,7 @@ def _backend_spec(tokenizer: Any) -> tuple[Any, dict]:
 
 
 def _cache(tokenizer: Any) -> _TokenizerCache:
+    """The tokenizer's host cache, made (or remade, if tokens were added) on first use."""
     cache = _CACHES.get(tokenizer)
     if cache is None or cache.size != len(tokenizer):
         backend, spec = _backend_spec(tokenizer)
@@ -109,6 +110,8 @@ def _cache(tokenizer: Any) -> _TokenizerCache:
         merges_of: dict[int, list[tuple[int, int, int, int]]] = {}
         for rank, merge in enumerate(spec["model"]["merges"]):
             a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+            if a not in vocab or b not in vocab or a + b not in vocab:
+                continue  # a merge the tokenizer cannot apply either
             entry = (rank, vocab[a], vocab[b], vocab[a + b])
             merges_of.setdefault(entry[1], []).append(entry)
             if entry[2] != entry[1]:
