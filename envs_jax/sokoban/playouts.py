@@ -23,7 +23,9 @@ def pack_bits(cells: chex.Array) -> chex.Array:
     """
     n = cells.shape[0]
     words = -(-n // 32)
-    padded = jnp.zeros(words * 32, jnp.uint32).at[:n].set(cells.astype(jnp.uint32))
+    # Padding by concatenation: `.at[:n].set` on an exact multiple of 32 (an 8x8 room) traces a
+    # scatter with an empty index constant, which custom_vmap rejects under an outer vmap.
+    padded = jnp.concatenate([cells.astype(jnp.uint32), jnp.zeros(words * 32 - n, jnp.uint32)])
     return jnp.sum(padded.reshape(words, 32) << jnp.arange(32, dtype=jnp.uint32), axis=1,
                    dtype=jnp.uint32)
 
