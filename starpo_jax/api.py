@@ -95,8 +95,9 @@ def _check_keys(given: Any, known: ConfigDict, prefix: str = "") -> None:
         if key not in known:
             close = difflib.get_close_matches(key, list(known.keys()), n=1)
             hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown config key {name!r}{hint}; valid keys"
-                             f"{' in ' + repr(prefix[:-1]) if prefix else ''}: {sorted(known.keys())}")
+            where = f" in {prefix[:-1]!r}" if prefix else ""
+            raise ValueError(f"unknown config key {name!r}{hint}; valid keys{where}: "
+                             f"{sorted(known.keys())}")
         if isinstance(known[key], ConfigDict):
             if not hasattr(given[key], "keys"):
                 raise ValueError(f"config key {name!r} = {given[key]!r} must be a section with "
@@ -129,9 +130,11 @@ def train_config(config: ConfigDict) -> TrainConfig:
     """Checks every key and value of an experiment config (nothing is loaded or compiled) and
     returns the TrainConfig it describes. Raises ValueError naming the key and what is valid."""
     full = _merged(config)
-    for name, low in (("seed", 0), ("steps", 1), ("log_every", 1), ("checkpoint_every", 0),
-                      ("keep_checkpoints", 1), ("prompt.verify", 0)):
-        value = full[name] if "." not in name else full.prompt.verify
+    for name, value, low in (("seed", full.seed, 0), ("steps", full.steps, 1),
+                             ("log_every", full.log_every, 1),
+                             ("checkpoint_every", full.checkpoint_every, 0),
+                             ("keep_checkpoints", full.keep_checkpoints, 1),
+                             ("prompt.verify", full.prompt.verify, 0)):
         _require(name, value, _is_int(value, low), f"an int >= {low}")
     _require("eval_every", full.eval_every, full.eval_every == 0,
              "0 (evaluation during training is not implemented yet)")

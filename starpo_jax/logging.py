@@ -96,7 +96,8 @@ class ConsoleProgress:
             timing = f"{rate:.2f}s/step ETA {format_duration(rate * (self._total - step))}"
         if step % self._every and step != self._total and step != self._after_first[0]:
             return
-        shown = " ".join(f"{k.split('/')[-1]}={metrics[k]:.3g}" for k in CONSOLE_KEYS if k in metrics)
+        shown = " ".join(f"{k.split('/')[-1]}={metrics[k]:.3g}"
+                         for k in CONSOLE_KEYS if k in metrics)
         print(f"step {step}/{self._total} [{100 * step // self._total:3d}%] {timing} | {shown}",
               file=self._stream, flush=True)
 

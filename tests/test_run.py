@@ -102,7 +102,7 @@ def test_format_duration(seconds, text):
 
 @pytest.mark.parametrize("argv, expected", [
     (["--config", "bandit_ppo.py"], ["--config", str(run.CONFIG_DIR / "bandit_ppo.py")]),
-    (["--config=sokoban_grpo.py:x"], ["--config=" + str(run.CONFIG_DIR / "sokoban_grpo.py") + ":x"]),
+    (["--config=sokoban_grpo.py:x"], [f"--config={run.CONFIG_DIR / 'sokoban_grpo.py'}:x"]),
     (["--config=missing.py"], ["--config=missing.py"]),
     (["--config.steps=3"], ["--config.steps=3"]),
 ])
