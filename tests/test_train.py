@@ -147,7 +147,11 @@ def test_sharded_step_equals_single_device(tmp_path):
         optim=OptimConfig(actor_lr=1e-3, minibatches=2))
     setup = tmp_path / "setup.pkl"
     setup.write_bytes(pickle.dumps((model, tok, env, codec, config)))
-    env_vars = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    env_vars = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"
+                # 4 fake devices share 2 cores with whatever else runs: a device thread can
+                # reach a collective minutes late, past XLA's 40 s default, without a bug.
+                " --xla_cpu_collective_call_terminate_timeout_seconds=1800"
+                " --xla_cpu_collective_timeout_seconds=1800",
                 "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT, str(setup)], env=env_vars,
                           capture_output=True, text=True, timeout=900)
