@@ -11,6 +11,8 @@ per step: "step" and the metric names), TensorBoard events (tensorboard/) and or
 checkpoints (checkpoints/, every `checkpoint_every` steps, the newest `keep_checkpoints` kept,
 and always at the end). `--resume` continues from the newest checkpoint and gives the same
 metrics as a run never stopped. SIGINT / SIGTERM finish the current step, save and exit 0.
+The collapse monitor (config monitor.*, starpo_jax.monitor) prints its alerts and appends them
+to alerts.jsonl; its action "stop" or "raise_filter" saves and ends the run (exit 0).
 """
 
 from __future__ import annotations
@@ -33,10 +35,15 @@ from ml_collections import config_flags  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.logging import open_writers  # noqa: E402
+from starpo_jax.monitor import RunMonitor  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # Keys a resumed run may change: they do not alter the numbers of any step.
 RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints")
+
+# The collapse monitor's settings, and filter.keep_ratio so that a run stopped by its
+# "raise_filter" action goes on with the suggested value (the steps after the resume change).
+RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
                                           "experiments/configs/).", lock_config=True)
@@ -82,12 +89,25 @@ def stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(s, h)
 
 
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{"filter": {"keep_ratio": 0.25}} -> {"filter.keep_ratio": 0.25}."""
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict)
+                   else {prefix + key: value})
+    return out
+
+
+def _resumable(key: str) -> bool:
+    return any(key == r or key.startswith(r + ".") for r in RESUMABLE_CHANGES)
+
+
 def _check_workdir_config(path: Path, config: dict, resume: bool) -> None:
     if not (resume and path.exists()):
         return
-    saved = json.loads(path.read_text())
+    saved, config = _flat(json.loads(path.read_text())), _flat(config)
     changed = sorted(k for k in set(saved) | set(config)
-                     if k not in RESUMABLE_CHANGES and saved.get(k) != config.get(k))
+                     if not _resumable(k) and saved.get(k) != config.get(k))
     if changed:
         raise ValueError(f"--resume with a config that differs from {path} in {changed}; only "
                          f"{list(RESUMABLE_CHANGES)} may change when resuming")
@@ -97,7 +117,8 @@ def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
           stop: threading.Event | None = None) -> int:
     """Runs exp.config.steps iterations of `exp` (resuming from workdir's newest checkpoint if
     `resume`), logging and checkpointing under `workdir`. Stops early, after saving, when `stop`
-    is set. Returns the number of steps done."""
+    is set or the collapse monitor's action asks it to (starpo_jax.monitor). Returns the number
+    of steps done."""
     c = exp.config
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "config.json"
@@ -112,17 +133,21 @@ def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
     config_path.write_text(c.to_json(indent=2) + "\n")
     first = exp.steps_done
     writers = open_writers(workdir, c.steps, first, console_every=c.log_every)
+    monitor = RunMonitor(workdir, c, first)
     try:
-        while exp.steps_done < c.steps and not (stop and stop.is_set()):
+        while (exp.steps_done < c.steps and not (stop and stop.is_set())
+               and monitor.stop_reason is None):
             start = time.perf_counter()
             metrics = exp.step()
             metrics["timing/step_seconds"] = time.perf_counter() - start
+            metrics.update(monitor.observe(exp.steps_done, metrics))
             writers.write(exp.steps_done, metrics)
             checkpoints.maybe_save(exp.state)
         checkpoints.maybe_save(exp.state, force=True)
     finally:
         writers.close()
         checkpoints.close()
+        monitor.close()
     return exp.steps_done
 
 

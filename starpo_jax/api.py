@@ -26,6 +26,7 @@ import envs_jax
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,
                                RolloutConfig, TrainConfig)
 from starpo_jax.models import load_pretrained
+from starpo_jax.monitor import MonitorConfig
 from starpo_jax.text import build_codec
 from starpo_jax.train import TrainState, init_train_state, make_train_step
 
@@ -58,6 +59,7 @@ def default_config() -> ConfigDict:
     filter; it overrides those three keys). `nothink=True` starts replies with <answer>.
     prompt.* = None keeps the default (RAGEN's) prompt text; prompt.verify is the number of
     random renderings the codec checks against the tokenizer when it is built.
+    monitor.*: the collapse ("Echo Trap") monitor of experiments/run.py (starpo_jax.monitor).
     eval_every must stay 0 for now: evaluation is not implemented yet.
     """
     c = ConfigDict()
@@ -78,6 +80,7 @@ def default_config() -> ConfigDict:
     c.eval_every = 0
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
+    c.monitor = ConfigDict(dataclasses.asdict(MonitorConfig()))
     return c
 
 
@@ -146,6 +149,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
     _require("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
     _require("env.name", full.env.name, full.env.name in envs_jax.names(),
              f"one of {envs_jax.names()}")
+    MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
     sections = {name: kind(**full[name].to_dict()) for name, kind in SECTIONS.items()}
     if full.nothink:
         sections["rollout"] = dataclasses.replace(sections["rollout"], mode="nothink")
