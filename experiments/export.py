@@ -4,7 +4,7 @@
     python experiments/export.py --workdir runs/bandit --out exported/bandit --step 20 \
         --dtype bfloat16 --overwrite
 
-Reads the run's config.json (model.source, model.dtype, algo, ...), rebuilds the model and
+Reads the run's config.json (model.source and model.dtype), rebuilds the model and
 tokenizer with load_pretrained, restores the actor of the newest checkpoint under checkpoints/
 (or of --step N) and writes it with starpo_jax.models.export.save_pretrained: config.json,
 safetensors weights (sharded above --max_shard_size), generation_config.json and the tokenizer

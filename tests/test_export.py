@@ -266,39 +266,57 @@ def test_errors_are_named(tmp_path, tokenizer, case, error, message):
 # ---- experiments/export.py: a run's checkpoint -> a Hugging Face directory ----
 
 
-@pytest.fixture(scope="module")
-def run_workdir(tmp_path_factory):
-    """A workdir as run.py leaves it: config.json (PPO with KL, so the checkpoint also holds a
-    critic, its optimiser state and a reference) and checkpoints of steps 2 and 5, whose actors
-    are different perturbations of the initial weights.
-    Returns (workdir, {step: actor}, the initial weights)."""
-    workdir = tmp_path_factory.mktemp("run")
+def _make_workdir(workdir: Path, source: str, steps: tuple[int, ...]) -> tuple[dict, Decoder]:
+    """A workdir as run.py leaves it: config.json (PPO with KL, so a checkpoint also holds a
+    critic, its optimiser state and a reference) and checkpoints of `steps`, whose actors are
+    different perturbations of the model's weights. Returns ({step: actor}, the model)."""
     config = tiny_config()
-    config.algo, config.loss.kl_coef = "ppo", 0.001
+    config.model.source, config.algo, config.loss.kl_coef = source, "ppo", 0.001
     (workdir / "config.json").write_text(config.to_json(indent=2) + "\n")
-    model, _ = load_pretrained(config.model.source, config.model.dtype)
+    model, _ = load_pretrained(source, config.model.dtype)
     state = init_train_state(api.train_config(config), jax.random.PRNGKey(0), model=model)
     assert state.critic is not None and state.reference is not None
     actors = {}
     checkpoints = Checkpoints(workdir / "checkpoints", every=0, keep=3)
-    for step in (2, 5):
+    for step in steps:
         actors[step] = _perturb(state.actor, seed=step)
         checkpoints.maybe_save(state.replace(actor=actors[step], step=jnp.int32(step)),
                                force=True)
     checkpoints.close()
-    return workdir, actors, nnx.state(model)
+    return actors, model
+
+
+@pytest.fixture(scope="module")
+def run_workdir(tmp_path_factory):
+    """A tiny-random run with checkpoints of steps 2 and 5: (workdir, {step: actor}, model)."""
+    workdir = tmp_path_factory.mktemp("run")
+    return workdir, *_make_workdir(workdir, "tiny-random", (2, 5))
 
 
 @pytest.mark.parametrize("step", [None, 2])
 def test_export_run_writes_the_checkpoint_actor(tmp_path, run_workdir, step):
     workdir, actors, initial = run_workdir
+    assert not np.array_equal(_flat(actors[2])["embed"], _flat(initial)["embed"])
     argv = ["--workdir", str(workdir), "--out", str(tmp_path / "out")]
     export_script.main(argv + ([] if step is None else ["--step", str(step)]))
     loaded, _ = load_pretrained(tmp_path / "out")
-    want = actors[5 if step is None else step]
-    _assert_same_weights(loaded, want)
-    assert not np.array_equal(_flat(loaded)["embed"], _flat(initial)["embed"])
+    _assert_same_weights(loaded, actors[5 if step is None else step])
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.tie_word_embeddings
+
+
+def test_export_run_from_a_hugging_face_source(tmp_path, tokenizer):
+    """A run of a Qwen2-style model read from a Hugging Face directory (the paper setting):
+    its export keeps the source's generation defaults."""
+    config = _configs(len(tokenizer))["qwen2"]
+    defaults = {"temperature": 0.7, "eos_token_id": [tokenizer.eos_token_id, 0]}
+    source = save_pretrained(_model(config), config, tokenizer, tmp_path / "source",
+                             generation_config=defaults)
+    (tmp_path / "run").mkdir()
+    actors, _ = _make_workdir(tmp_path / "run", str(source), (1,))
+    assert export_script.export_run(tmp_path / "run", tmp_path / "out") == (1, tmp_path / "out")
+    _assert_same_weights(load_pretrained(tmp_path / "out")[0], actors[1])
+    generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert {k: generation[k] for k in defaults} == defaults
 
 
 @pytest.mark.parametrize("case, error, message", [
