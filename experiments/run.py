@@ -9,8 +9,10 @@ A bare config name resolves to experiments/configs/; keys and switches are docum
 starpo_jax.api.default_config. The workdir gets config.json, metrics.jsonl (one JSON object
 per step: "step" and the metric names), TensorBoard events (tensorboard/) and orbax
 checkpoints (checkpoints/, every `checkpoint_every` steps, the newest `keep_checkpoints` kept,
-and always at the end). `--resume` continues from the newest checkpoint and gives the same
-metrics as a run never stopped. SIGINT / SIGTERM finish the current step, save and exit 0.
+and always at the end), and with `eval_every` / `sample_every` evaluation metrics (val/, the
+same files) and sample conversations (samples/step_<N>.txt). `--resume` continues from the
+newest checkpoint and gives the same metrics as a run never stopped. SIGINT / SIGTERM finish
+the current step, save and exit 0.
 The collapse monitor (config monitor.*, starpo_jax.monitor) prints its alerts and appends them
 to alerts.jsonl; its action "stop" or "raise_filter" saves and ends the run (exit 0).
 """
@@ -34,12 +36,14 @@ from ml_collections import config_flags  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.evaluation import Evaluator, summary_table  # noqa: E402
 from starpo_jax.logging import open_writers  # noqa: E402
 from starpo_jax.monitor import RunMonitor  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # Keys a resumed run may change: they do not alter the numbers of any step.
-RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints")
+RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
+                     "sample_every", "eval")
 
 # The collapse monitor's settings, and filter.keep_ratio so that a run stopped by its
 # "raise_filter" action goes on with the suggested value (the steps after the resume change).
@@ -134,12 +138,15 @@ def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
     first = exp.steps_done
     writers = open_writers(workdir, c.steps, first, console_every=c.log_every)
     monitor = RunMonitor(workdir, c, first)
+    evaluator = api.build_evaluator(exp) if c.eval_every or c.sample_every else None
     try:
         while (exp.steps_done < c.steps and not (stop and stop.is_set())
                and monitor.stop_reason is None):
             start = time.perf_counter()
             metrics = exp.step()
             metrics["timing/step_seconds"] = time.perf_counter() - start
+            if evaluator is not None:
+                metrics.update(evaluate(evaluator, exp, workdir))
             metrics.update(monitor.observe(exp.steps_done, metrics))
             writers.write(exp.steps_done, metrics)
             checkpoints.maybe_save(exp.state)
@@ -149,6 +156,28 @@ def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
         checkpoints.close()
         monitor.close()
     return exp.steps_done
+
+
+def evaluate(evaluator: Evaluator, exp: api.Experiment, workdir: Path) -> dict[str, float]:
+    """After a step: the val/ metrics when an evaluation is due (every eval_every steps and the
+    last step), and samples/step_<N>.txt when sample_every is, from the same eval rollouts (at
+    a step with no evaluation due, only the first eval env is rolled out, and nothing logged)."""
+    c, step = exp.config, exp.steps_done
+    due_eval = c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps)
+    due_samples = c.sample_every > 0 and step % c.sample_every == 0
+    if not (due_eval or due_samples):
+        return {}
+    start = time.perf_counter()
+    envs = None if due_eval else evaluator.config.envs[:1]
+    result = evaluator.evaluate(exp.state.actor, envs=envs)
+    if due_samples:
+        path = workdir / "samples" / f"step_{step:06d}.txt"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(evaluator.samples_text(result))
+    if not due_eval:
+        return {}
+    print(f"evaluation after step {step}:\n{summary_table(result.metrics)}", flush=True)
+    return {**result.metrics, "timing/eval_seconds": time.perf_counter() - start}
 
 
 def _main(argv: list[str]) -> None:

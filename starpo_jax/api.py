@@ -20,11 +20,13 @@ import difflib
 from typing import Any, Callable
 
 import jax
+from flax import nnx
 from ml_collections import config_dict
 
 import envs_jax
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,
                                RolloutConfig, TrainConfig)
+from starpo_jax.evaluation import MODES, EvalConfig, Evaluator, default_eval_envs
 from starpo_jax.models import load_pretrained
 from starpo_jax.monitor import MonitorConfig
 from starpo_jax.text import build_codec
@@ -60,7 +62,10 @@ def default_config() -> ConfigDict:
     prompt.* = None keeps the default (RAGEN's) prompt text; prompt.verify is the number of
     random renderings the codec checks against the tokenizer when it is built.
     monitor.*: the collapse ("Echo Trap") monitor of experiments/run.py (starpo_jax.monitor).
-    eval_every must stay 0 for now: evaluation is not implemented yet.
+    Evaluation (starpo_jax.evaluation) runs every `eval_every` steps and after the last one
+    (0 = never); `sample_every` steps write sample conversations (0 = never). eval.envs: names,
+    comma-separated ("" = the training env and its out-of-distribution variants); eval.modes:
+    "greedy" and/or "sampled" (at eval.temperature, eval.pass_k rollouts per initial state).
     """
     c = ConfigDict()
     c.seed = 0
@@ -78,6 +83,9 @@ def default_config() -> ConfigDict:
         c[name] = _section(name)
     c.log_every = 1
     c.eval_every = 0
+    c.sample_every = 0
+    c.eval = ConfigDict({"envs": "", "modes": ",".join(MODES), "episodes": 16, "pass_k": 4,
+                         "temperature": 0.5, "samples": 4})
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
     c.monitor = ConfigDict(dataclasses.asdict(MonitorConfig()))
@@ -139,8 +147,8 @@ def train_config(config: ConfigDict) -> TrainConfig:
                              ("keep_checkpoints", full.keep_checkpoints, 1),
                              ("prompt.verify", full.prompt.verify, 0)):
         _require(name, value, _is_int(value, low), f"an int >= {low}")
-    _require("eval_every", full.eval_every, full.eval_every == 0,
-             "0 (evaluation during training is not implemented yet)")
+    for name in ("eval_every", "sample_every"):
+        _require(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
     for name in ("vanilla", "nothink"):
         _require(name, full[name], isinstance(full[name], bool), "True or False")
     _require("model.source", full.model.source, isinstance(full.model.source, str) and
@@ -149,6 +157,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
     _require("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
     _require("env.name", full.env.name, full.env.name in envs_jax.names(),
              f"one of {envs_jax.names()}")
+    eval_config(full)
     MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
     sections = {name: kind(**full[name].to_dict()) for name, kind in SECTIONS.items()}
     if full.nothink:
@@ -169,6 +178,31 @@ def config_from_train_config(train: TrainConfig, **top: Any) -> ConfigDict:
     _check_keys(top, c)
     c.update(top)
     return c
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def eval_config(config: Any) -> EvalConfig:
+    """The checked eval section of an experiment config as an EvalConfig."""
+    full = _merged(config)
+    envs = _names(full.eval.envs) or default_eval_envs(full.env.name)
+    for name in envs:
+        _require("eval.envs", full.eval.envs, name in envs_jax.names(),
+                 f"comma-separated names from {envs_jax.names()} ('' = the training env and its "
+                 "out-of-distribution variants)")
+    return EvalConfig(envs=envs, modes=_names(full.eval.modes),
+                      **{k: v for k, v in full.eval.items() if k not in ("envs", "modes")})
+
+
+def _codec(full: ConfigDict, train: TrainConfig, tokenizer: Any, env: Any) -> Any:
+    """The codec of `env` for the policy's tokenizer, with the run's mode and prompt."""
+    template = {k: v for k, v in full.prompt.items() if k != "verify" and v is not None}
+    return build_codec(tokenizer, env, mode=train.rollout.mode,
+                       max_actions_per_turn=train.rollout.max_actions_per_turn,
+                       max_tokens=train.rollout.reply_tokens, verify=full.prompt.verify,
+                       **template)
 
 
 @dataclasses.dataclass
@@ -213,14 +247,24 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     full = _merged(config)
     model, tok = load_pretrained(full.model.source, full.model.dtype)
     env = envs_jax.make(full.env.name)
-    template = {k: v for k, v in full.prompt.items() if k != "verify" and v is not None}
-    codec = build_codec(tok, env, mode=train.rollout.mode,
-                        max_actions_per_turn=train.rollout.max_actions_per_turn,
-                        max_tokens=train.rollout.reply_tokens, verify=full.prompt.verify,
-                        **template)
+    codec = _codec(full, train, tok, env)
     init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
     step = make_train_step(train, env, codec, model=model, eos_id=tok.eos_token_id,
                            pad_id=tok.pad_token_id)
     return Experiment(config=full, train=train, env=env, model=model, tokenizer=tok, codec=codec,
                       state=init_train_state(train, init_key, model=model), train_step=step,
                       key=key, init_key=init_key)
+
+
+def build_evaluator(exp: Experiment) -> Evaluator:
+    """The Evaluator of `exp`'s eval section: codecs for the OOD envs built like the training
+    one (same tokenizer, mode and prompt), held-out keys from the run's key. Nothing compiles
+    until its first evaluation."""
+    config = eval_config(exp.config)
+    envs = {}
+    for name in config.envs:
+        env = exp.env if name == exp.config.env.name else envs_jax.make(name)
+        codec = exp.codec if env is exp.env else _codec(exp.config, exp.train, exp.tokenizer, env)
+        envs[name] = (env, codec)
+    return Evaluator(nnx.graphdef(exp.model), exp.tokenizer, envs, exp.train.rollout, config,
+                     exp.key, eos_id=exp.tokenizer.eos_token_id, pad_id=exp.tokenizer.pad_token_id)

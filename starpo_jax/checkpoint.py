@@ -49,11 +49,20 @@ class Checkpoints:
             return False
         return bool(self.manager.save(step, args=ocp.args.StandardSave(state), force=True))
 
+    @property
+    def steps(self) -> list[int]:
+        """The saved steps, oldest first."""
+        return sorted(self.manager.all_steps())
+
     def restore_latest(self, like: TrainState) -> TrainState | None:
         """The newest checkpoint, with the structure, shapes and dtypes of `like`; None if none."""
         step = self.latest_step
-        if step is None:
-            return None
+        return None if step is None else self.restore(step, like)
+
+    def restore(self, step: int, like: TrainState) -> TrainState:
+        """The checkpoint of `step`, with the structure, shapes and dtypes of `like`."""
+        if step not in self.manager.all_steps():
+            raise ValueError(f"no checkpoint of step {step}; saved steps: {self.steps}")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         restored = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
         # Orbax commits every array to its device; uncommitted leaves of `like` (a fresh

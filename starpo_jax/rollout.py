@@ -137,11 +137,14 @@ def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken
 
 
 def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
-            config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int) -> Rollout:
+            config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
+            greedy: bool = False, reset_key: jax.Array | None = None) -> Rollout:
     """Samples B = groups * group_size trajectories (see the module docstring); jit-able.
 
     graphdef, params = nnx.split(policy model); env: a TextEnv; codec: built for this env and the
-    model's tokenizer with the same max_actions_per_turn and mode; key: PRNG key.
+    model's tokenizer with the same max_actions_per_turn and mode; key: PRNG key, split into the
+    initial-state and sampling keys unless `reset_key` draws the initial states (then `key` only
+    drives sampling: evaluation keeps its held-out states fixed). greedy: argmax decoding.
     """
     model = nnx.merge(graphdef, params)
     p, n, turns = config.groups, config.group_size, config.max_turns
@@ -149,10 +152,13 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     length = buffer_length(codec, config)
     prefix = jnp.asarray(codec.forced_prefix_ids, jnp.int32)
     options = SamplingOptions(max_new_tokens=config.reply_tokens, temperature=config.temperature,
-                              top_p=config.top_p, top_k=config.top_k, stop=stop_strings(),
-                              eos_ids=(eos_id,), pad_id=pad_id)
+                              top_p=config.top_p, top_k=config.top_k, greedy=greedy,
+                              stop=stop_strings(), eos_ids=(eos_id,), pad_id=pad_id)
     token_bytes = (codec.parser.token_bytes, codec.parser.token_lengths)
-    reset_key, sample_key = jax.random.split(key)
+    if reset_key is None:
+        reset_key, sample_key = jax.random.split(key)
+    else:
+        sample_key = key
 
     # Turn 1's prompt is the same for the N rows of a group: prefill it once per group.
     states, _ = jax.vmap(env.reset)(jax.random.split(reset_key, p))

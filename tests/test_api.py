@@ -59,7 +59,7 @@ def _with(path: str, value):
     ("env.name", "sokobam", "config.env.name = 'sokobam' is invalid; valid: one of ("),
     ("model.dtype", "float16", "config.model.dtype = 'float16' is invalid"),
     ("steps", 0, "config.steps = 0 is invalid; valid: an int >= 1"),
-    ("eval_every", 5, "config.eval_every = 5 is invalid; valid: 0"),
+    ("eval_every", -1, "config.eval_every = -1 is invalid; valid: an int >= 0"),
     ("loss.clip_low", "big", "bad config value"),
 ])
 def test_bad_config_is_rejected_naming_the_key(path, value, expected):
