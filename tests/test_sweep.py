@@ -1,8 +1,8 @@
 """Seeded sweeps (starpo_jax/sweep.py, experiments/sweep.py): the CSV's rows and columns, the
-same command gives the same bytes (also when a setting is compiled afresh), vmapped seeds ==
-sequential seeds, PNG plots, grid and seed mistakes named before anything builds, and a re-run
-skips finished runs. Tiny-random bandit, 2 settings x 2 seeds x 2 steps; each experiment is
-built once and each batched step compiled once (but for the resume test's fresh compile)."""
+same command gives the same bytes, vmapped seeds == sequential seeds, PNG plots, grid and seed
+mistakes named before anything builds, and a re-run skips finished runs. Tiny-random bandit,
+2 settings x 2 seeds x 2 steps; compiling dominates the time, so each experiment is built once
+and each batched step compiled once for the whole module."""
 
 from __future__ import annotations
 
@@ -61,11 +61,10 @@ def cached_compile(exp, seeds):
     return _COMPILED[key]
 
 
-def _sweep(workdir: Path, *, build=cached_build, compiled_once=True, **kw):
+def _sweep(workdir: Path, *, build=cached_build, **kw):
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as patch:
-        if compiled_once:
-            patch.setattr(lib, "compile_batched_step", cached_compile)
+        patch.setattr(lib, "compile_batched_step", cached_compile)
         runs = cli.sweep(base_config(), GRID, SEEDS, workdir, build=build, stream=out, **kw)
     return runs, out.getvalue()
 
@@ -150,13 +149,13 @@ def test_resume_skips_finished_runs(vmapped, tmp_path):
     shutil.copytree(vmapped[0], workdir)
     shutil.rmtree(workdir / "runs" / SETTINGS[1])  # as if stopped during the second setting
     (workdir / cli.RESULTS_FILE).unlink()
-    built = []  # the setting run again is compiled afresh: its numbers must not change
+    built = []
 
     def build(config):
         built.append(config.filter.keep_ratio)
         return cached_build(config)
 
-    _, output = _sweep(workdir, build=build, compiled_once=False)
+    _, output = _sweep(workdir, build=build)
     assert built == [1.0], "only the unfinished setting runs again"
     assert f"setting 1/2 {SETTINGS[0]}: all seeds finished earlier, skipped" in output
     assert (workdir / cli.RESULTS_FILE).read_bytes() == \
