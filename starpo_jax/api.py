@@ -84,7 +84,7 @@ def default_config() -> ConfigDict:
     c.log_every = 1
     c.eval_every = 0
     c.sample_every = 0
-    c.eval = ConfigDict({"envs": "", "modes": ",".join(MODES), "episodes": 16, "pass_k": 4,
+    c.eval = ConfigDict({"envs": "", "modes": ",".join(MODES), "episodes": 8, "pass_k": 4,
                          "temperature": 0.5, "samples": 4})
     c.checkpoint_every = 10
     c.keep_checkpoints = 3

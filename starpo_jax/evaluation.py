@@ -53,7 +53,7 @@ class EvalConfig:
 
     envs: tuple[str, ...]
     modes: tuple[str, ...] = MODES
-    episodes: int = 16  # held-out initial states per env
+    episodes: int = 8  # held-out initial states per env (CPU-sized; RAGEN validates on 256)
     pass_k: int = 4  # sampled mode: rollouts per initial state
     temperature: float = 0.5  # sampled mode (RAGEN's validation temperature)
     samples: int = 4  # conversations per (env, mode) in samples_text
@@ -248,8 +248,8 @@ def summary_table(metrics: Mapping[str, float]) -> str:
     columns = ["success"] + sorted({n for r in rows.values() for n in r if n.startswith("pass@")}) \
         + ["reward", "num_turns", "num_actions", "action_is_valid", "response_length"]
     width = max([len("env")] + [len(env) for env, _ in rows])
-    head = f"{'env':<{width}}  {'mode':<7}  " + "  ".join(f"{c:>15}" for c in columns)
+    head = f"{'env':<{width}}  {'mode':<7}  " + "  ".join(columns)
     body = [f"{env:<{width}}  {mode:<7}  " + "  ".join(
-        f"{r[c]:>15.3f}" if c in r else f"{'-':>15}" for c in columns)
+        f"{r[c]:>{len(c)}.3f}" if c in r else f"{'-':>{len(c)}}" for c in columns)
         for (env, mode), r in rows.items()]
     return "\n".join([head, *body])
