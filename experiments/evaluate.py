@@ -93,18 +93,21 @@ def _main(argv: list[str]) -> None:
 
 
 def main() -> None:
-    # Defined here, not on import: tests import this module next to run.py, which has its own.
-    config_flags.DEFINE_config_dict("config", api.default_config(),
-                                    "Overrides of the run's eval section: --config.eval.<key>=...")
-    flags.DEFINE_string("workdir", None, "The run's workdir (experiments/run.py --workdir).")
-    flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the newest).")
     try:
+        # Defined here, not on import: tests import this module next to run.py, which has its
+        # own flags. config_flags applies the --config.* overrides as it defines the flag.
+        config_flags.DEFINE_config_dict(
+            "config", api.default_config(), "Overrides of the run's eval section: "
+            "--config.eval.<key>=...")
+        flags.DEFINE_string("workdir", None, "The run's workdir (experiments/run.py --workdir).")
+        flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the newest).")
         app.run(_main)
     except (ValueError, FileNotFoundError) as error:  # named in the message; no traceback
         sys.exit(f"error: {error}")
     except (KeyError, AttributeError) as error:
-        if "config" in flags.FLAGS and flags.FLAGS["config"].present:
-            raise
+        if flags.FLAGS.is_parsed():
+            raise  # flags were parsed: a bug, not a config mistake
+        # config_flags rejects an override of a key the config does not have this way.
         detail = str(error.args[0]).strip("'").replace("\\n", " ").replace("\\'", "'")
         sys.exit(f"error: unknown --config override key: {detail}")
 

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -270,3 +271,14 @@ def test_evaluate_command_restores_a_checkpoint_prints_and_writes(tmp_path, caps
         evaluate.run_config(tmp_path, {"seed": 3})
     with pytest.raises(FileNotFoundError, match="is .* a run's workdir"):
         evaluate.evaluate_workdir(tmp_path / "nothing")
+
+
+def test_evaluate_command_line_names_mistakes(tmp_path):
+    for args, message in [
+        (["--config.eval.episods=3"], "error: unknown --config override key: 'episods'"),
+        ([], f"error: {tmp_path / 'config.json'} does not exist"),
+    ]:
+        done = subprocess.run([sys.executable, str(ROOT / "experiments" / "evaluate.py"),
+                               "--workdir", str(tmp_path), *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and message in done.stderr, done.stderr[-2000:]
