@@ -49,7 +49,8 @@ class Progress:
     """Console lines: the setting, seeds, step, time per step and the sweep's ETA.
 
     The ETA counts seed-steps (a vmapped step of S seeds is S of them) at the rate measured
-    after each program's first step, plus the mean compile time for each program still to come.
+    after each setting's first step, plus the mean build-and-compile time for each setting
+    still to come.
     """
 
     def __init__(self, seed_steps: int, programs: int, stream: TextIO):
@@ -57,16 +58,22 @@ class Progress:
         self._compiles: list[float] = []
         self._run_time, self._run_seed_steps = 0.0, 0
 
-    def start(self, label: str, steps: int, log_every: int) -> None:
-        """A program (one compile) begins: its label, its step count, the console period."""
+    def start(self, label: str, steps: int, log_every: int, seeds: Sequence[int]) -> None:
+        """A setting (one build and compile) begins: its label, step count, console period."""
         self._label, self._steps, self._every = label, steps, log_every
         self._programs -= 1
         self._last, self._first = time.perf_counter(), True
+        print(f"{label} | seeds {','.join(map(str, seeds))} | building and compiling",
+              file=self._stream, flush=True)
 
-    def compiled(self, seconds: float) -> None:
-        """An ahead-of-time compile took `seconds` (its first step is then a plain step)."""
-        self._compiles.append(seconds)
-        self._last, self._first = time.perf_counter(), False
+    def compiled(self) -> None:
+        """The setting's batched step is built and compiled ahead of time (its first step is
+        then a plain step)."""
+        now = time.perf_counter()
+        self._compiles.append(now - self._last)
+        print(f"{self._label} | built and compiled in {now - self._last:.1f}s",
+              file=self._stream, flush=True)
+        self._last, self._first = now, False
 
     def step(self, seeds: tuple[int, ...], t: int, metrics: list[lib.Metrics]) -> None:
         now = time.perf_counter()
@@ -74,7 +81,7 @@ class Progress:
         self._left -= len(seeds)
         if self._first:  # compile and step together: the step's share is unknown yet
             self._compiles.append(seconds)
-            timing = f"{seconds:.1f}s incl. compile"
+            timing = f"{seconds:.1f}s incl. build and compile"
         else:
             self._run_time += seconds
             self._run_seed_steps += len(seeds)
@@ -127,7 +134,6 @@ def run_setting(exp: api.Experiment, seeds: Sequence[int], *, vmap: bool, progre
     save(seed, metrics per step) as each run finishes (all at once when vmapped)."""
     steps = exp.config.steps
     if vmap:
-        start = time.perf_counter()
         try:
             step = lib.compile_batched_step(exp, seeds)
             reason = _unfit_reason(step)
@@ -135,7 +141,7 @@ def run_setting(exp: api.Experiment, seeds: Sequence[int], *, vmap: bool, progre
             first_line = (str(error).strip().splitlines() or [""])[0]
             reason = f"{type(error).__name__}: {first_line}"
         if reason is None:
-            progress.compiled(time.perf_counter() - start)
+            progress.compiled()
             for seed, metrics in lib.run_batched(exp, step, seeds, steps, progress.step).items():
                 save(seed, metrics)
             return
@@ -253,8 +259,8 @@ def sweep(base: config_dict.ConfigDict, grid_specs: Sequence[str], seeds: Sequen
         if not left:
             print(f"{label}: all seeds finished earlier, skipped", file=stream, flush=True)
             continue
+        progress.start(label, config.steps, config.log_every, left)
         exp = build(config)
-        progress.start(label, config.steps, config.log_every)
         run_setting(exp, left, vmap=vmap, progress=progress, stream=stream,
                     save=_saver(workdir, base, setting, done))
     runs = [lib.Run(setting, done) for (setting, _), done in zip(settings, finished)]

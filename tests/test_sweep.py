@@ -97,7 +97,12 @@ def test_csv_rows_and_columns(vmapped):
                     and r[2] == str(seed)]
             for row, step in zip(mine, saved["metrics"]):
                 assert [np.float32(c) for c in row[4:]] == [np.float32(step[m]) for m in metrics]
-    assert "step 2/2" in output and "sweep ETA" in output and "seeds 0,1" in output
+    lines = [line for line in output.splitlines()
+             if line.startswith(f"setting 2/2 {SETTINGS[1]} | ")]
+    assert len(lines) == 2 + STEPS and lines[0].endswith(" | seeds 0,1 | building and compiling")
+    assert " | built and compiled in " in lines[1]
+    assert " | seeds 0,1 | step 2/2 | " in lines[-1]
+    assert " | sweep ETA 0:00:00 | reward_mean=" in lines[-1]
     summary = (workdir / cli.SUMMARY_FILE).read_text().splitlines()
     assert [line.split()[0] for line in summary] == ["setting", *SETTINGS]
     assert "±" in summary[1]
