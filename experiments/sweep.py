@@ -208,6 +208,7 @@ def write_plots(runs: Sequence[lib.Run], seeds: Sequence[int], directory: Path) 
     over seeds and a shaded min-max band, over steps."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -227,6 +228,7 @@ def write_plots(runs: Sequence[lib.Run], seeds: Sequence[int], directory: Path) 
                               color=line.get_color(), alpha=0.2, linewidth=0)
         axes.set(xlabel="step", ylabel=metric,
                  title=f"{metric}: mean over seeds {','.join(map(str, seeds))}, band min-max")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
         figure.tight_layout()
