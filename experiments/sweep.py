@@ -325,6 +325,12 @@ def main() -> None:
         app.run(_main, argv=resolve_config_arg(sys.argv))
     except ValueError as error:  # a grid or config mistake: the message names it
         sys.exit(f"error: {error}")
+    except (KeyError, AttributeError) as error:
+        if flags.FLAGS.is_parsed():
+            raise  # flags were parsed: a bug, not a config mistake
+        # config_flags rejects an override of a key the config does not have this way.
+        detail = str(error.args[0]).strip("'").replace("\\n", " ").replace("\\'", "'")
+        sys.exit(f"error: unknown --config override key: {detail}")
 
 
 if __name__ == "__main__":

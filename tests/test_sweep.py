@@ -225,14 +225,18 @@ def test_grid_values_are_typed_and_settings_are_the_product():
     assert lib.settings([]) == [{}] and lib.setting_name({}) == "base"
 
 
-def test_command_line_names_a_grid_mistake_before_loading(tmp_path):
+@pytest.mark.parametrize("mistake, message", [
+    (["--grid", "loss.kl_cof=0,0.001"],
+     "error: --grid: unknown config key 'loss.kl_cof' (did you mean 'loss.kl_coef'?)"),
+    (["--config.loss.kl_cof=1"], "error: unknown --config override key: "),
+])
+def test_command_line_names_a_mistake_before_loading(mistake, message, tmp_path):
     command = [sys.executable, str(ROOT / "experiments" / "sweep.py"), "--config",
-               "bandit_grpo.py", "--grid", "loss.kl_cof=0,0.001", "--seeds", "0,1",
-               "--no-vmap", "--workdir", str(tmp_path)]
+               "bandit_grpo.py", "--seeds", "0,1", "--no-vmap", "--workdir", str(tmp_path),
+               *mistake]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 1
-    assert "error: --grid: unknown config key 'loss.kl_cof' (did you mean 'loss.kl_coef'?)" \
-        in done.stderr
+    assert done.returncode == 1 and message in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
     assert not list(tmp_path.iterdir()), "nothing is written"
 
 
