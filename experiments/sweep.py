@@ -248,7 +248,7 @@ def sweep(base: config_dict.ConfigDict, grid_specs: Sequence[str], seeds: Sequen
     grid = lib.parse_grid(grid_specs, base)
     settings = [(s, lib.setting_config(base, s)) for s in lib.settings(grid)]
     finished: list[dict[int, list[lib.Metrics]]] = []
-    for setting, config in settings:
+    for setting, _ in settings:
         runs = {seed: load_run(_run_path(workdir, setting, seed),
                                lib.setting_config(base, setting, seed).to_dict())
                 for seed in seeds}

@@ -14,7 +14,8 @@ Settings differ in static config, so each is its own compile; the seeds of a set
 `jax.vmap(step)` over (states, keys); `run_sequential` reuses the experiment's own compiled step
 for one seed after another. Seed s starts from the state and key `api.build` derives from
 seed s, so each seed's numbers are those of `experiments/run.py --config.seed=s` (sequential:
-bitwise; vmapped: within float tolerance, since batching changes how XLA orders reductions).
+bitwise; vmapped: within float tolerance, since batching changes how XLA orders reductions,
+and so does the number of seeds batched together).
 """
 
 from __future__ import annotations
