@@ -4,4 +4,6 @@ from starpo_jax.api import config_for
 
 
 def get_config():
-    return config_for("bandit", "grpo", max_turns=1)
+    c = config_for("bandit", "grpo", max_turns=1)
+    c.eval_every = c.sample_every = 10  # held-out + OOD evaluation, sample conversations
+    return c
