@@ -18,7 +18,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,27 +30,8 @@ from flax import nnx
 
 from starpo_jax.models import KVCache, load_pretrained
 from starpo_jax.models.embedded import embedded_gguf_path
+from starpo_jax.models.hf_reference import transformers_from_gguf
 from starpo_jax.sampling import SamplingOptions, _generate_jit
-
-
-def transformers_gguf_model(path: Path) -> torch.nn.Module:
-    """transformers' Llama on the GGUF's weights, dequantised by transformers' own GGUF loader.
-
-    This is what `from_pretrained(dir, gguf_file=...)` does, minus its demand for `accelerate`.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    with no_init_weights():  # every weight is overwritten below
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    model.load_state_dict(tensors, strict=False)
-    model.tie_weights()
-    return model.eval()
 
 
 def progress(message: str) -> None:
@@ -207,7 +187,7 @@ def main() -> None:
     vocab = model.config.vocab_size
     hf_model = None
     if not args.skip_torch:
-        hf_model = transformers_gguf_model(embedded_gguf_path())
+        hf_model = transformers_from_gguf(embedded_gguf_path())[0]
     rng = np.random.default_rng(0)
     rows: list[tuple[str, float, float | None, str, float]] = []  # name, jax, torch, unit, flops
 

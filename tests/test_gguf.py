@@ -30,6 +30,7 @@ from starpo_jax.models.gguf import (
     read_gguf_checkpoint,
     unpermute_rotary_rows,
 )
+from starpo_jax.models.hf_reference import transformers_from_gguf
 from starpo_jax.models.params import model_from_hf_tensors
 
 PROMPTS = [
@@ -50,22 +51,8 @@ def smollm_path() -> Path:
 
 @pytest.fixture(scope="module")
 def reference(smollm_path):
-    """transformers' model and state dict from the same GGUF, by its own dequantising loader.
-
-    from_pretrained(gguf_file=...) would do the same but demands `accelerate`, which this project
-    does not otherwise need; this is the loader it calls.
-    """
-    config = AutoConfig.from_pretrained(smollm_path.parent, gguf_file=smollm_path.name)
-    with no_init_weights():  # every weight is overwritten below
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(smollm_path), return_tensors=True, model_to_load=model)[
-        "tensors"
-    ]
-    result = model.load_state_dict(tensors, strict=False)
-    # Only the tied head may be absent: nothing of the reference is left uninitialised.
-    assert result.missing_keys == ["lm_head.weight"] and not result.unexpected_keys
-    model.tie_weights()
-    return model.eval(), tensors
+    """transformers' model and state dict from the same GGUF, by its own dequantising loader."""
+    return transformers_from_gguf(smollm_path)
 
 
 @pytest.fixture(scope="module")

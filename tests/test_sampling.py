@@ -358,30 +358,12 @@ QUESTIONS = [
 ]
 
 
-def _transformers_gguf_model(path):
-    """transformers' Llama on the GGUF's weights, dequantised by transformers' own GGUF loader
-    (what from_pretrained(dir, gguf_file=...) does, minus its demand for `accelerate`)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    model.load_state_dict(tensors, strict=False)
-    model.tie_weights()
-    return model.eval()
-
-
 def test_embedded_smollm2_greedy_text_equals_transformers(monkeypatch):
     import torch
 
     from starpo_jax.models import load_pretrained
     from starpo_jax.models.embedded import embedded_gguf_path
+    from starpo_jax.models.hf_reference import transformers_from_gguf
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model, tokenizer = load_pretrained("smollm2-135m-instruct")
@@ -400,7 +382,7 @@ def test_embedded_smollm2_greedy_text_equals_transformers(monkeypatch):
     )
     ours = [tokenizer.decode(out.tokens[b, : out.lengths[b]].tolist()) for b in range(len(encoded))]
 
-    reference = _transformers_gguf_model(embedded_gguf_path())
+    reference = transformers_from_gguf(embedded_gguf_path())[0]
     left = torch.tensor([[0] * (width - len(e)) + e for e in encoded])
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
     with torch.inference_mode():
