@@ -15,6 +15,10 @@ newest checkpoint and gives the same metrics as a run never stopped. SIGINT / SI
 the current step, save and exit 0.
 The collapse monitor (config monitor.*, starpo_jax.monitor) prints its alerts and appends them
 to alerts.jsonl; its action "stop" or "raise_filter" saves and ends the run (exit 0).
+Multi-process (multi-host) runs start with starpo_jax.distributed.maybe_initialize (the
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables, or SLURM / Open MPI):
+every process steps and saves checkpoints (the workdir must be shared), process 0 alone writes
+config.json, metrics, events, alerts, samples and the console lines.
 """
 
 from __future__ import annotations
@@ -31,13 +35,25 @@ from typing import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from starpo_jax.distributed import any_process, maybe_initialize  # noqa: E402
+
+if __name__ == "__main__":
+    # Before any other import: some (jumanji's) already compute with JAX, which fixes the
+    # backend; jax.distributed must be initialised before that.
+    try:
+        maybe_initialize()
+    except ValueError as error:  # a bad JAX_* variable: the message names it
+        sys.exit(f"error: {error}")
+
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+import jax  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.evaluation import Evaluator, summary_table  # noqa: E402
-from starpo_jax.logging import open_writers  # noqa: E402
+from starpo_jax.logging import Writers, open_writers  # noqa: E402
 from starpo_jax.monitor import RunMonitor  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -122,8 +138,9 @@ def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
     """Runs exp.config.steps iterations of `exp` (resuming from workdir's newest checkpoint if
     `resume`), logging and checkpointing under `workdir`. Stops early, after saving, when `stop`
     is set or the collapse monitor's action asks it to (starpo_jax.monitor). Returns the number
-    of steps done."""
+    of steps done. In a multi-process run only process 0 writes logs; all save checkpoints."""
     c = exp.config
+    primary = jax.process_index() == 0
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "config.json"
     _check_workdir_config(config_path, c.to_dict(), resume)
@@ -134,14 +151,16 @@ def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
     exp.state = exp.fresh_state() if exp.steps_done else exp.state
     if resume:
         exp.state = checkpoints.restore_latest(like=exp.state) or exp.state
-    config_path.write_text(c.to_json(indent=2) + "\n")
+    if primary:
+        config_path.write_text(c.to_json(indent=2) + "\n")
     first = exp.steps_done
-    writers = open_writers(workdir, c.steps, first, console_every=c.log_every)
-    monitor = RunMonitor(workdir, c, first)
+    writers = open_writers(workdir, c.steps, first, console_every=c.log_every) if primary \
+        else Writers([])
+    monitor = RunMonitor(workdir, c if primary else _silent_monitor(c), first)
     evaluator = api.build_evaluator(exp) if c.eval_every or c.sample_every else None
     try:
-        while (exp.steps_done < c.steps and not (stop and stop.is_set())
-               and monitor.stop_reason is None):
+        while exp.steps_done < c.steps and not any_process(
+                bool(stop and stop.is_set()) or monitor.stop_reason is not None):
             start = time.perf_counter()
             metrics = exp.step()
             metrics["timing/step_seconds"] = time.perf_counter() - start
@@ -158,6 +177,14 @@ def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
     return exp.steps_done
 
 
+def _silent_monitor(config: api.ConfigDict) -> api.ConfigDict:
+    """`config` with the monitor off: a non-primary process neither prints nor writes alerts
+    (process 0's stop decision reaches it through any_process)."""
+    quiet = config.copy_and_resolve_references()
+    quiet.monitor.enabled = False
+    return quiet
+
+
 def evaluate(evaluator: Evaluator, exp: api.Experiment, workdir: Path) -> dict[str, float]:
     """After a step: the val/ metrics when an evaluation is due (every eval_every steps and the
     last step), and samples/step_<N>.txt when sample_every is, from the same eval rollouts (at
@@ -170,13 +197,14 @@ def evaluate(evaluator: Evaluator, exp: api.Experiment, workdir: Path) -> dict[s
     start = time.perf_counter()
     envs = None if due_eval else evaluator.config.envs[:1]
     result = evaluator.evaluate(exp.state.actor, envs=envs)
-    if due_samples:
+    if due_samples and jax.process_index() == 0:
         path = workdir / "samples" / f"step_{step:06d}.txt"
         path.parent.mkdir(exist_ok=True)
         path.write_text(evaluator.samples_text(result))
     if not due_eval:
         return {}
-    print(f"evaluation after step {step}:\n{summary_table(result.metrics)}", flush=True)
+    if jax.process_index() == 0:
+        print(f"evaluation after step {step}:\n{summary_table(result.metrics)}", flush=True)
     return {**result.metrics, "timing/eval_seconds": time.perf_counter() - start}
 
 
@@ -187,13 +215,17 @@ def _main(argv: list[str]) -> None:
         raise app.UsageError("--workdir is required")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax's INFO lines would bury the progress
+    process, processes = jax.process_index(), jax.process_count()
     config = _CONFIG.value
     api.train_config(config)  # every key and value checked before anything loads or compiles
-    print(f"config {flags.FLAGS['config'].config_filename} -> {_WORKDIR.value}", flush=True)
+    say = print if process == 0 else lambda *_, **__: None
+    if processes > 1:
+        say(f"{processes} processes, {jax.device_count()} devices", flush=True)
+    say(f"config {flags.FLAGS['config'].config_filename} -> {_WORKDIR.value}", flush=True)
     exp = api.build(config)
     with stop_on_signals() as stop:
         done = train(exp, Path(_WORKDIR.value), resume=_RESUME.value, stop=stop)
-    print(f"{done}/{config.steps} steps; workdir {_WORKDIR.value}", flush=True)
+    say(f"{done}/{config.steps} steps; workdir {_WORKDIR.value}", flush=True)
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimC
 from starpo_jax.evaluation import MODES, EvalConfig, Evaluator, default_eval_envs
 from starpo_jax.models import load_pretrained
 from starpo_jax.monitor import MonitorConfig
+from starpo_jax.sharding import make_mesh, shard_state
 from starpo_jax.text import build_codec
 from starpo_jax.train import TrainState, init_train_state, make_train_step
 
@@ -66,6 +67,8 @@ def default_config() -> ConfigDict:
     (0 = never); `sample_every` steps write sample conversations (0 = never). eval.envs: names,
     comma-separated ("" = the training env and its out-of-distribution variants); eval.modes:
     "greedy" and/or "sampled" (at eval.temperature, eval.pass_k rollouts per initial state).
+    mesh.tp: the tensor-parallel size when the run sees several devices (starpo_jax.sharding:
+    every device of every process, len(jax.devices()) // tp of them on "fsdp").
     """
     c = ConfigDict()
     c.seed = 0
@@ -74,6 +77,7 @@ def default_config() -> ConfigDict:
     c.vanilla = False
     c.nothink = False
     c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32"})
+    c.mesh = ConfigDict({"tp": 1})
     c.env = ConfigDict({"name": "bandit"})
     c.prompt = ConfigDict({"system": config_dict.placeholder(str),
                            "intro": config_dict.placeholder(str),
@@ -145,6 +149,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
                              ("log_every", full.log_every, 1),
                              ("checkpoint_every", full.checkpoint_every, 0),
                              ("keep_checkpoints", full.keep_checkpoints, 1),
+                             ("mesh.tp", full.mesh.tp, 1),
                              ("prompt.verify", full.prompt.verify, 0)):
         _require(name, value, _is_int(value, low), f"an int >= {low}")
     for name in ("eval_every", "sample_every"):
@@ -219,6 +224,7 @@ class Experiment:
     train_step: Callable[[TrainState, jax.Array], tuple[TrainState, dict[str, jax.Array]]]
     key: jax.Array  # the run's key; iteration t uses fold_in(key, t)
     init_key: jax.Array  # the critic head's initialisation key
+    mesh: jax.sharding.Mesh | None = None  # set when the run spans several devices
 
     def step(self, key: jax.Array | None = None) -> dict[str, float]:
         """One iteration (rollout, filter, update) -> its metrics as host floats. `key`
@@ -228,7 +234,8 @@ class Experiment:
 
     def fresh_state(self) -> TrainState:
         """The step-0 state of this config (the compiled step is reused)."""
-        return init_train_state(self.train, self.init_key, model=self.model)
+        state = init_train_state(self.train, self.init_key, model=self.model)
+        return state if self.mesh is None else shard_state(state, self.model, self.mesh)
 
     @property
     def steps_done(self) -> int:
@@ -249,11 +256,20 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     env = envs_jax.make(full.env.name)
     codec = _codec(full, train, tok, env)
     init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
+    mesh = None
+    if jax.process_count() > 1 or jax.device_count() > 1:
+        _require("mesh.tp", full.mesh.tp, jax.device_count() % full.mesh.tp == 0,
+                 f"a divisor of the {jax.device_count()} devices")
+        mesh = make_mesh(full.mesh.tp)
+        # Every process holds the same key; placed replicated on the global mesh so that the
+        # step's argument spans all processes (a process-local array cannot).
+        key = jax.device_put(key, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
     step = make_train_step(train, env, codec, model=model, eos_id=tok.eos_token_id,
-                           pad_id=tok.pad_token_id)
-    return Experiment(config=full, train=train, env=env, model=model, tokenizer=tok, codec=codec,
-                      state=init_train_state(train, init_key, model=model), train_step=step,
-                      key=key, init_key=init_key)
+                           pad_id=tok.pad_token_id, mesh=mesh)
+    exp = Experiment(config=full, train=train, env=env, model=model, tokenizer=tok, codec=codec,
+                     state=None, train_step=step, key=key, init_key=init_key, mesh=mesh)
+    exp.state = exp.fresh_state()
+    return exp
 
 
 def build_evaluator(exp: Experiment) -> Evaluator:
