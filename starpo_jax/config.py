@@ -167,6 +167,11 @@ class OptimConfig:
     rollout_reuse (Online-k): k update rounds on one rollout batch; each round recomputes the
     old log-probs, values and advantages with the current parameters, then runs ppo_epochs
     passes of `minibatches` mini-batch updates (k = 1 is the original's default and best).
+
+    Memory knobs (results unchanged up to float rounding): micro_batches splits each mini-batch
+    into that many row slices whose gradients are summed before its one update (gradient
+    accumulation, normalised by the whole mini-batch); remat recomputes each decoder layer's
+    activations in the backward pass of the actor and critic instead of storing them.
     """
 
     actor_lr: float = 1e-6
@@ -177,6 +182,8 @@ class OptimConfig:
     minibatches: int = 1
     rollout_reuse: int = 1
     logit_chunk: int = 128  # reply tokens per chunk when computing [*, V] logits
+    micro_batches: int = 1
+    remat: bool = False
 
     def __post_init__(self) -> None:
         o = "optim"
@@ -184,8 +191,10 @@ class OptimConfig:
             _number(o, name, getattr(self, name), 0.0, 10.0, low_open=True)
         _number(o, "weight_decay", self.weight_decay, 0.0, 10.0)
         _number(o, "max_grad_norm", self.max_grad_norm, 0.0, 1e6, low_open=True)
-        for name in ("ppo_epochs", "minibatches", "rollout_reuse", "logit_chunk"):
+        for name in ("ppo_epochs", "minibatches", "rollout_reuse", "logit_chunk", "micro_batches"):
             _int(o, name, getattr(self, name))
+        if not isinstance(self.remat, bool):
+            _fail(o, "remat", self.remat, "True or False")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -210,6 +219,10 @@ class TrainConfig:
         if rows % self.optim.minibatches:
             _fail("optim", "minibatches", self.optim.minibatches,
                   f"a divisor of the {rows} kept rows (kept groups x group_size)")
+        rows //= self.optim.minibatches
+        if rows % self.optim.micro_batches:
+            _fail("optim", "micro_batches", self.optim.micro_batches,
+                  f"a divisor of the {rows} rows of a mini-batch (kept rows / minibatches)")
 
     @property
     def kept_groups(self) -> int:

@@ -32,7 +32,22 @@ def _check_agg(agg: str) -> None:
         raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGG_MODES)}")
 
 
-def aggregate(x: jax.Array, mask: jax.Array, agg: str = "token_mean") -> jax.Array:
+def aggregate_normaliser(mask: jax.Array, agg: str = "token_mean") -> jax.Array:
+    """What `aggregate` divides by for this mask: [B, T] -> float32 scalar.
+
+    "token_mean": the masked-token count; "seq_mean_*": the count of rows with a masked token
+    (at least 1 either way). Pass it to `aggregate` for the pieces (row subsets) of a batch to
+    make their results add up to the whole batch's (gradient accumulation).
+    """
+    _check_agg(agg)
+    count = (jnp.asarray(mask) != 0).sum(axis=-1).astype(jnp.float32)  # [B]
+    if agg == "token_mean":
+        return jnp.maximum(count.sum(), 1.0)
+    return jnp.maximum((count > 0).astype(jnp.float32).sum(), 1.0)
+
+
+def aggregate(x: jax.Array, mask: jax.Array, agg: str = "token_mean",
+              normaliser: jax.Array | None = None) -> jax.Array:
     """Masked reduction of a per-token quantity to a float32 scalar.
 
     Args:
@@ -41,20 +56,24 @@ def aggregate(x: jax.Array, mask: jax.Array, agg: str = "token_mean") -> jax.Arr
       agg: "token_mean": sum over all masked tokens / their count (DAPO's token-level loss);
         "seq_mean_token_mean": mean over the masked tokens of each row, then mean over rows;
         "seq_mean_token_sum": sum over the masked tokens of each row, then mean over rows.
+      normaliser: float32 scalar, the divisor of the final mean; default
+        `aggregate_normaliser(mask, agg)`. Given the whole batch's, the results of row subsets
+        sum to the whole batch's result.
     Rows with no masked token are left out of the row mean (verl would divide by zero for them, or
     count them as 0), and an all-masked batch gives 0, so padding rows never change the result.
     """
     _check_agg(agg)
+    if normaliser is None:
+        normaliser = aggregate_normaliser(mask, agg)
     on = jnp.asarray(mask) != 0
     x = jnp.where(on, jnp.asarray(x, jnp.float32), 0.0)
-    count = on.sum(axis=-1).astype(jnp.float32)  # [B]
     if agg == "token_mean":
-        return x.sum() / jnp.maximum(count.sum(), 1.0)
+        return x.sum() / normaliser
     row = x.sum(axis=-1)
     if agg == "seq_mean_token_mean":
-        row = row / jnp.maximum(count, 1.0)
-    has_tokens = (count > 0).astype(jnp.float32)
-    return (row * has_tokens).sum() / jnp.maximum(has_tokens.sum(), 1.0)
+        row = row / jnp.maximum(on.sum(axis=-1).astype(jnp.float32), 1.0)
+    # A row without masked tokens sums to 0 here, so it adds nothing to the numerator.
+    return row.sum() / normaliser
 
 
 def masked_var(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -140,6 +159,7 @@ def policy_loss(
     clip_high: float = 0.28,
     dual_clip: float | None = None,
     agg: str = "token_mean",
+    normaliser: jax.Array | None = None,
 ) -> tuple[jax.Array, PolicyLossStats]:
     """The clip-higher PPO surrogate (DAPO / StarPO-S), optionally dual-clipped, to minimise.
 
@@ -159,7 +179,7 @@ def policy_loss(
       clip_low, clip_high: the band [1 - clip_low, 1 + clip_high]; clip_low in [0, 1),
         clip_high >= 0.
       dual_clip: None, or c > 1.
-      agg: see `aggregate`.
+      agg, normaliser: see `aggregate` (the loss only; the stats are this batch's own).
     Returns:
       (loss float32 scalar, PolicyLossStats).
     """
@@ -184,7 +204,7 @@ def policy_loss(
         cap = -adv * dual_clip
         dual_hit = (adv < 0) & (per_token > cap)
         per_token = jnp.where(dual_hit, cap, per_token)
-    loss = aggregate(per_token, mask, agg)
+    loss = aggregate(per_token, mask, agg, normaliser)
 
     r = jax.lax.stop_gradient(ratio)
     lr = jax.lax.stop_gradient(log_ratio)
@@ -219,6 +239,7 @@ def value_loss(
     mask: jax.Array,
     clip: float | None = 0.5,
     agg: str = "token_mean",
+    normaliser: jax.Array | None = None,
 ) -> tuple[jax.Array, ValueLossStats]:
     """PPO's clipped value loss: 0.5 * agg(max((v - R)^2, (v_clip - R)^2)).
 
@@ -227,7 +248,8 @@ def value_loss(
     verl's critic.cliprange_value default; None gives the plain 0.5 * squared error.
 
     values: [B, T] current critic predictions (differentiated); old_values, returns: [B, T]
-    (constants); mask: [B, T] reply tokens. Returns (loss float32 scalar, ValueLossStats).
+    (constants); mask: [B, T] reply tokens; agg, normaliser: see `aggregate` (the loss only).
+    Returns (loss float32 scalar, ValueLossStats).
     """
     if clip is not None and not clip > 0.0:
         raise ValueError(f"value clip must be None or > 0; got {clip!r}")
@@ -242,8 +264,11 @@ def value_loss(
     else:
         v_clip = old_values + jnp.clip(values - old_values, -clip, clip)
         clipped = jnp.square(v_clip - returns)
-        per_token, clipped_wins = jnp.maximum(unclipped, clipped), clipped > unclipped
-    loss = 0.5 * aggregate(per_token, mask, agg)
+        # Within the clip band v_clip is values in exact arithmetic; the band test keeps a
+        # rounding difference of old_values + (values - old_values) from counting as a clip.
+        outside = jnp.abs(values - old_values) > clip
+        per_token, clipped_wins = jnp.maximum(unclipped, clipped), outside & (clipped > unclipped)
+    loss = 0.5 * aggregate(per_token, mask, agg, normaliser)
 
     v = jax.lax.stop_gradient(values)
     stats = ValueLossStats(

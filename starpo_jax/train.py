@@ -15,6 +15,7 @@ Parameters are arguments of the compiled function, never constants inside it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import flax.struct
@@ -26,7 +27,8 @@ from flax import nnx
 from starpo_jax import advantages as adv_lib
 from starpo_jax.config import TrainConfig
 from starpo_jax.filtering import gather_group_rows, select_groups
-from starpo_jax.losses import aggregate, kl_penalty, policy_loss, token_entropy, value_loss
+from starpo_jax.losses import (aggregate, aggregate_normaliser, kl_penalty, policy_loss,
+                               token_entropy, value_loss)
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.rollout import Rollout, rollout
 from starpo_jax.text.codec import Codec
@@ -51,9 +53,37 @@ def _optimizer(lr: float, config: TrainConfig) -> optax.GradientTransformation:
                        optax.adamw(lr, weight_decay=config.optim.weight_decay))
 
 
-def _critic_graphdef(model: Decoder) -> nnx.GraphDef:
-    abstract = nnx.eval_shape(lambda: Decoder(model.config, rngs=nnx.Rngs(0), value_head=True))
+def _graphdef(model: Decoder, *, value_head: bool, remat: bool) -> nnx.GraphDef:
+    """The structure of `model` (with a value head: the critic's), layers rematerialised in the
+    backward pass when `remat`; the user's model and its config are left as they are."""
+    if not value_head and remat == model.config.remat:
+        return nnx.graphdef(model)
+    config = dataclasses.replace(model.config, remat=remat)
+    abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), value_head=value_head))
     return nnx.graphdef(abstract)
+
+
+def accumulated_grad(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], params: Any, batch: Any,
+                     micro_batches: int) -> tuple[Any, Any]:
+    """Gradient of loss_fn(params, batch) -> (loss, aux) summed over `micro_batches` row slices.
+
+    Every leaf of batch is [rows, ...] with rows divisible by micro_batches; the slices' grads
+    are summed in a lax.scan, so only one slice's activations are live at a time. The sum is
+    the whole batch's gradient when loss_fn normalises by the whole batch (see
+    `losses.aggregate`'s normaliser). aux leaves [rows / micro_batches, ...] come back
+    concatenated to [rows, ...].
+    """
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+    if micro_batches == 1:
+        return grad_fn(params, batch)
+    slices = jax.tree.map(lambda x: x.reshape(micro_batches, -1, *x.shape[1:]), batch)
+
+    def add_slice(total, piece):
+        grads, aux = grad_fn(params, piece)
+        return jax.tree.map(jnp.add, total, grads), aux
+
+    grads, aux = jax.lax.scan(add_slice, jax.tree.map(jnp.zeros_like, params), slices)
+    return grads, jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), aux)
 
 
 def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> TrainState:
@@ -205,8 +235,9 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
     """
     cfg, opt = config, config.optim
     ppo = config.algo == "ppo"
-    actor_def = nnx.graphdef(model)
-    critic_def = _critic_graphdef(model) if ppo else None
+    actor_def = nnx.graphdef(model)  # the rollout's (its cached forward never rematerialises)
+    train_def = _graphdef(model, value_head=False, remat=opt.remat)
+    critic_def = _graphdef(model, value_head=True, remat=opt.remat) if ppo else None
     actor_tx, critic_tx = _optimizer(opt.actor_lr, config), _optimizer(opt.critic_lr, config)
     group = config.rollout.group_size
     if mesh is not None:
@@ -219,40 +250,57 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
     chunk = min(opt.logit_chunk, slots)
 
     def logprobs(params, batch):
-        return sequence_logprobs(nnx.merge(actor_def, params), batch.tokens, batch.lengths,
+        return sequence_logprobs(nnx.merge(train_def, params), batch.tokens, batch.lengths,
                                  batch.loss_mask, slots, chunk)
 
-    def actor_loss(params, mb):
-        logp, entropy = logprobs(params, mb["rollout"])
-        mask = mb["rollout"].loss_mask
+    def actor_objective(logp, entropy, mb, normaliser):
+        """(loss to minimise, metrics) of reply log-probs [rows, L] under the minibatch's
+        normaliser: the loss of a slice of the minibatch is its share of the minibatch's."""
+        mask, agg = mb["rollout"].loss_mask, cfg.loss.agg
         loss, stats = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, cfg.loss.clip_low,
-                                  cfg.loss.clip_high, cfg.loss.dual_clip, cfg.loss.agg)
-        ent = aggregate(entropy, mask, cfg.loss.agg)
+                                  cfg.loss.clip_high, cfg.loss.dual_clip, agg, normaliser)
+        ent = aggregate(entropy, mask, agg, normaliser)
         aux = {"actor/pg_loss": loss, "actor/pg_clipfrac": stats.clipfrac_upper,
                "actor/pg_clipfrac_lower": stats.clipfrac_lower, "actor/ppo_kl": stats.approx_kl}
         total = loss - cfg.loss.entropy_coef * ent
         if cfg.loss.kl_coef > 0:
-            kl = aggregate(kl_penalty(logp, mb["ref_logp"], cfg.loss.kl_kind), mask, cfg.loss.agg)
+            kl = aggregate(kl_penalty(logp, mb["ref_logp"], cfg.loss.kl_kind), mask, agg,
+                           normaliser)
             total, aux["actor/kl_loss"] = total + cfg.loss.kl_coef * kl, kl
         return total, aux
 
-    def critic_loss(params, mb):
-        batch = mb["rollout"]
-        values = sequence_values(nnx.merge(critic_def, params), batch.tokens, batch.lengths)
-        loss, stats = value_loss(values, mb["old_values"], mb["returns"], batch.loss_mask,
-                                 cfg.loss.value_clip, cfg.loss.agg)
+    def actor_loss(params, mb, normaliser):
+        logp, entropy = logprobs(params, mb["rollout"])
+        total, _ = actor_objective(logp, entropy, mb, normaliser)
+        return total, (logp, entropy)
+
+    def critic_objective(values, mb, normaliser):
+        loss, stats = value_loss(values, mb["old_values"], mb["returns"], mb["rollout"].loss_mask,
+                                 cfg.loss.value_clip, cfg.loss.agg, normaliser)
         return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": stats.clipfrac,
                       "critic/vf_explained_var": stats.explained_var,
                       "critic/values_mean": stats.values_mean,
                       "critic/returns_mean": stats.returns_mean}
 
+    def critic_loss(params, mb, normaliser):
+        batch = mb["rollout"]
+        values = sequence_values(nnx.merge(critic_def, params), batch.tokens, batch.lengths)
+        return critic_objective(values, mb, normaliser)[0], values
+
     def minibatch_update(state: TrainState, mb) -> tuple[TrainState, Metrics]:
-        grads, aux = jax.grad(actor_loss, has_aux=True)(state.actor, mb)
+        # Every micro-batch divides by the whole minibatch's count; the metrics are computed
+        # once, from the whole minibatch's per-token outputs.
+        normaliser = aggregate_normaliser(mb["rollout"].loss_mask, cfg.loss.agg)
+        grads, (logp, entropy) = accumulated_grad(
+            lambda p, b: actor_loss(p, b, normaliser), state.actor, mb, opt.micro_batches)
+        _, aux = actor_objective(logp, entropy, mb, normaliser)
         aux["actor/grad_norm"] = optax.tree.norm(grads)
         updates, actor_opt = actor_tx.update(grads, state.actor_opt, state.actor)
         state = state.replace(actor=optax.apply_updates(state.actor, updates), actor_opt=actor_opt)
         if ppo:
-            grads, critic_aux = jax.grad(critic_loss, has_aux=True)(state.critic, mb)
+            grads, values = accumulated_grad(
+                lambda p, b: critic_loss(p, b, normaliser), state.critic, mb, opt.micro_batches)
+            _, critic_aux = critic_objective(values, mb, normaliser)
             aux.update(critic_aux, **{"critic/grad_norm": optax.tree.norm(grads)})
             updates, critic_opt = critic_tx.update(grads, state.critic_opt, state.critic)
             state = state.replace(critic=optax.apply_updates(state.critic, updates),

@@ -12,6 +12,7 @@ import pytest
 from starpo_jax.losses import (
     AGG_MODES,
     aggregate,
+    aggregate_normaliser,
     entropy_from_logits,
     explained_variance,
     kl_penalty,
@@ -59,6 +60,18 @@ def test_aggregate_matches_numpy(agg):
     got = jax.jit(aggregate, static_argnums=2)(x_poisoned, mask, agg)
     np.testing.assert_allclose(got, aggregate_reference(x, mask, agg), rtol=1e-6)
     assert aggregate(x, np.zeros_like(mask), agg) == 0.0
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_row_slices_with_the_whole_normaliser_sum_to_the_whole(agg):
+    # Gradient accumulation relies on it: pieces of a batch, each divided by the whole batch's
+    # normaliser, add up to the whole batch's aggregate (an all-masked row included).
+    mask = make_mask(3, (8, 12))
+    mask[5] = 0
+    x = np.random.default_rng(4).normal(size=mask.shape).astype(np.float32)
+    whole = aggregate_normaliser(mask, agg)
+    pieces = [aggregate(x[i:i + 2], mask[i:i + 2], agg, whole) for i in range(0, 8, 2)]
+    np.testing.assert_allclose(sum(pieces), aggregate_reference(x, mask, agg), rtol=1e-5)
 
 
 def test_aggregate_rejects_unknown_mode():
