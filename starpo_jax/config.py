@@ -24,6 +24,7 @@ REWARD_PLACEMENTS = ("trajectory", "turn")
 PPO_ESTIMATORS = ("gae", "bi_level_gae")
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_KINDS = ("k1", "k3", "mse", "abs")
+CACHE_DTYPES = ("float32", "bfloat16")
 
 
 def _fail(owner: str, name: str, value: Any, valid: str) -> None:
@@ -70,6 +71,8 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     format_penalty: float = -0.1  # added to a turn's reward when its reply is badly formatted
+    # Storage of the KV cache ("bfloat16" halves it; attention still runs in float32).
+    cache_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         o = "rollout"
@@ -81,6 +84,7 @@ class RolloutConfig:
         _number(o, "top_p", self.top_p, 0.0, 1.0, low_open=True)
         _int(o, "top_k", self.top_k, low=0)
         _number(o, "format_penalty", self.format_penalty, -100.0, 0.0)
+        _choice(o, "cache_dtype", self.cache_dtype, CACHE_DTYPES)
 
     @property
     def batch_size(self) -> int:

@@ -165,7 +165,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     symbols = jax.vmap(env.render_symbols)(states)
     first_ids, first_n = codec.first_prompt(symbols, jnp.full((p,), config.max_actions_per_traj))
     group_cache = _prefill(model, first_ids, first_n,
-                           KVCache.init(model.config, p, length))
+                           KVCache.init(model.config, p, length, config.cache_dtype))
     cache = _repeat_cache(group_cache, n)
     first_ids, first_n = jnp.repeat(first_ids, n, axis=0), jnp.repeat(first_n, n, axis=0)
     states = _repeat_rows(states, n)

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from starpo_jax.models import Decoder, KVCache, ModelConfig, layers
+from starpo_jax.sampling import generate
 
 TINY = ModelConfig(
     vocab_size=97,
@@ -186,6 +187,45 @@ def test_kv_cache_ragged_chunks_then_decode_equal_full_forward(model):
     want = np.asarray(_forward(model, ids, mask))
     for r in range(b):
         np.testing.assert_allclose(np.stack(got[r]), want[r, : lengths[r]], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block", [2, 4])
+def test_prefill_query_blocks_equal_one_block(model, monkeypatch, block):
+    # A ragged 6-token prefill then a 5-token one into a cache: queries in blocks of 2 or 4
+    # (4 + 2, 4 + 1: a short last block) give the logits and cache of a single block.
+    rng = np.random.RandomState(3)
+    first = jnp.asarray(rng.randint(0, TINY.vocab_size, (3, 6)), jnp.int32)
+    second = jnp.asarray(rng.randint(0, TINY.vocab_size, (3, 5)), jnp.int32)
+    mask1 = jnp.asarray(np.arange(6) < np.array([[6], [3], [1]]))
+    mask2 = jnp.asarray(np.arange(5) < np.array([[2], [5], [4]]))
+
+    def run():
+        step = nnx.jit(lambda m, i, k, c: m(i, attention_mask=k, cache=c))  # fresh trace
+        logits1, cache = step(model, first, mask1, KVCache.init(TINY, 3, 12))
+        logits2, cache = step(model, second, mask2, cache)
+        return jax.device_get((logits1, logits2, cache.k, cache.v))
+
+    monkeypatch.setattr(layers, "PREFILL_BLOCK", 100)
+    want = run()
+    monkeypatch.setattr(layers, "PREFILL_BLOCK", block)
+    for got, ref in zip(run(), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_bfloat16_cache_decodes_like_float32(model):
+    """The cache stored in bfloat16 (attention still in float32): greedy tokens equal, log-probs
+    within 0.05 nats (bfloat16 keeps 8 significant bits of every key and value)."""
+    ids = jnp.asarray(np.random.RandomState(4).randint(0, TINY.vocab_size, (3, 7)), jnp.int32)
+    lengths = jnp.array([7, 4, 2], jnp.int32)
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        cache = KVCache.init(TINY, 3, 16, dtype)
+        out[dtype] = generate(model, ids, lengths, jax.random.key(0), max_new_tokens=5,
+                              greedy=True, cache=cache)
+    assert out["bfloat16"].cache.k.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(out["bfloat16"].tokens, out["float32"].tokens)
+    np.testing.assert_allclose(out["bfloat16"].policy_logprobs, out["float32"].policy_logprobs,
+                               atol=5e-2)
 
 
 def test_value_head_shape_and_gradient():

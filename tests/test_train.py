@@ -218,3 +218,8 @@ def test_memory_knobs_are_validated(optim, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(rollout=RolloutConfig(groups=4, group_size=2), filter=FilterConfig(keep_ratio=1.0),
                     optim=OptimConfig(**optim))
+
+
+def test_cache_dtype_is_validated():
+    with pytest.raises(ValueError, match="rollout.cache_dtype = 'float16' is invalid; valid: one of"):
+        RolloutConfig(cache_dtype="float16")

@@ -48,6 +48,10 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 #: Query block of causal attention without a cache: block i reads only keys [0, end of block i).
 CAUSAL_BLOCK = 128
+#: Query block of a prefill into a cache: its [B, KVH, G, block, S] scores are all that exist at
+#: once (an environment message of ~650 tokens against a 1732-slot cache at B = 128 would
+#: otherwise hold 5 GB of float32 scores per copy).
+PREFILL_BLOCK = 64
 
 
 def attention(
@@ -64,6 +68,8 @@ def attention(
     than half the time of SmolLM2's attention forward+backward; measured in
     experiments/bench_sampler.py's training row). A query with no visible key (padding) gets a
     uniform softmax over the keys its block reads instead of over all of them.
+    Otherwise (a prefill into a cache) the queries go in blocks of PREFILL_BLOCK against all
+    keys: each query's softmax is its own, so the result is the unblocked one.
     """
     b, t, h, hd = q.shape
     kvh = k.shape[2]
@@ -73,10 +79,11 @@ def attention(
     # Heads ahead of positions, so both products are plain batched matmuls over (B, KVH).
     qh = q.reshape(b, t, kvh, h // kvh, hd).transpose(0, 2, 3, 1, 4)  # [B, KVH, G, T, hd]
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KVH, S, hd]
-    bounds = [(0, t, k.shape[1])]
     if causal:
         bounds = [(i, min(i + CAUSAL_BLOCK, t), min(i + CAUSAL_BLOCK, t))
                   for i in range(0, t, CAUSAL_BLOCK)]
+    else:
+        bounds = [(i, min(i + PREFILL_BLOCK, t), k.shape[1]) for i in range(0, t, PREFILL_BLOCK)]
     outs = []
     for start, stop, keys in bounds:
         scores = jnp.einsum("bkgtd,bksd->bkgts", qh[:, :, :, start:stop], kh[:, :, :keys],
