@@ -15,9 +15,12 @@ def smollm2_tok():
 
 @pytest.fixture(scope="session")
 def qwen_style_tok():
-    """A Qwen2-style byte-level BPE trained on the grids and instructions of every registered env."""
+    """A Qwen2-style byte-level BPE trained on the grids and instructions of every registered
+    env."""
     import envs_jax
     from starpo_jax.text.testing import qwen_style_tokenizer
 
     envs = [envs_jax.make(name) for name in envs_jax.names()]
-    return qwen_style_tokenizer(tuple(e.symbol_strings for e in envs), tuple(e.instructions for e in envs))
+    return qwen_style_tokenizer(
+        tuple(e.symbol_strings for e in envs), tuple(e.instructions for e in envs)
+    )

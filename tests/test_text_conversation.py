@@ -21,17 +21,38 @@ from starpo_jax.text.templates import PromptTemplate  # noqa: E402
 _reward_symbols = jax.jit(bk.reward_symbols)  # one compile for the table, not one per eager op
 
 
-@pytest.mark.parametrize("value,text", [(0.0, "0"), (0.1, "0.1"), (-0.1, "-0.1"), (10.0, "10"), (9.9, "9.9"),
-                                        (1.25, "1.25"), (-0.001, "0"), (0.125, "0.12"), (1e9, "999999.99"),
-                                        (-1.1, "-1.1"), (10.9, "10.9"), (100.5, "100.5")])
+@pytest.mark.parametrize(
+    "value,text",
+    [
+        (0.0, "0"),
+        (0.1, "0.1"),
+        (-0.1, "-0.1"),
+        (10.0, "10"),
+        (9.9, "9.9"),
+        (1.25, "1.25"),
+        (-0.001, "0"),
+        (0.125, "0.12"),
+        (1e9, "999999.99"),
+        (-1.1, "-1.1"),
+        (10.9, "10.9"),
+        (100.5, "100.5"),
+    ],
+)
 def test_reward_text_host_and_jax(value, text):
     assert format_reward(value) == text
     spelled = "".join(bk.NUMBER_SYMBOLS[i] for i in np.asarray(_reward_symbols(jnp.float32(value))))
     assert spelled == text
 
 
-@pytest.mark.parametrize("bad", [dict(turn="Turn {turn}: {state}"), dict(reward="Reward"),
-                                 dict(turn="{turn}{state}{actions_left}{oops}"), dict(forced_prefix="<answer>")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(turn="Turn {turn}: {state}"),
+        dict(reward="Reward"),
+        dict(turn="{turn}{state}{actions_left}{oops}"),
+        dict(forced_prefix="<answer>"),
+    ],
+)
 def test_template_validation(bad):
     with pytest.raises(ValueError):
         PromptTemplate(**bad)
@@ -53,17 +74,29 @@ def test_conversation_equals_chat_template(request, kind, mode):
     rewards = rng.choice([0.0, 1.0, -0.1, 0.9], turns)
     left = [10 - 2 * k for k in range(turns)]
     tag = codec.template.forced_prefix
-    replies = [f"{tag} step {k} </think> <answer> Left || Up </answer>" if mode == "think"
-               else f"{tag} Down </answer>" for k in range(turns)]
+    replies = [
+        f"{tag} step {k} </think> <answer> Left || Up </answer>"
+        if mode == "think"
+        else f"{tag} Down </answer>"
+        for k in range(turns)
+    ]
     reply_ids = [tok.encode(r, add_special_tokens=False) for r in replies]
-    assert all(r[: len(codec.forced_prefix_ids)] == list(codec.forced_prefix_ids) for r in reply_ids)
+    assert all(
+        r[: len(codec.forced_prefix_ids)] == list(codec.forced_prefix_ids) for r in reply_ids
+    )
     ids, n = _first(codec, grids[0], left[0])
     got = np.asarray(ids)[: int(n)].tolist()
     for k in range(1, turns + 1):
         convo = got + reply_ids[k - 1] + list(codec.closing_ids)
-        messages = render_conversation_text(codec.template, env.instructions, env.action_names,
-                                            [symbol_text(env.symbol_strings, g) for g in grids[:k]],
-                                            replies[:k], rewards[:k], left[:k])
+        messages = render_conversation_text(
+            codec.template,
+            env.instructions,
+            env.action_names,
+            [symbol_text(env.symbol_strings, g) for g in grids[:k]],
+            replies[:k],
+            rewards[:k],
+            left[:k],
+        )
         assert convo == tok.apply_chat_template(messages, tokenize=True, return_dict=False), k
         if k < turns:
             ids, n = _later(codec, k + 1, rewards[k - 1], grids[k], left[k])

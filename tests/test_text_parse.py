@@ -34,15 +34,24 @@ ROWS = 256  # every call uses [ROWS, T] so each mode compiles once
 @pytest.fixture(scope="module")
 def run(table):
     """run(texts or (ids, lengths), think) -> host ParsedReply, in [ROWS, T] chunks."""
-    fns = {think: jax.jit(lambda i, n, p=build_parser(table, NAMES, think=think, max_actions=3, max_bytes=512):
-                          parse(p, i, n)) for think in (True, False)}
+    fns = {
+        think: jax.jit(
+            lambda i, n, p=build_parser(table, NAMES, think=think, max_actions=3, max_bytes=512): (
+                parse(p, i, n)
+            )
+        )
+        for think in (True, False)
+    }
 
     def call(ids, lengths, think):
         count = ids.shape[0]
         pad = -count % ROWS
         ids = np.concatenate([ids, np.zeros((pad, T), np.int32)])
         lengths = np.concatenate([lengths, np.zeros((pad,), np.int32)])
-        outs = [jax.device_get(fns[think](ids[i: i + ROWS], lengths[i: i + ROWS])) for i in range(0, len(ids), ROWS)]
+        outs = [
+            jax.device_get(fns[think](ids[i : i + ROWS], lengths[i : i + ROWS]))
+            for i in range(0, len(ids), ROWS)
+        ]
         return jax.tree.map(lambda *x: np.concatenate(x)[:count], *outs)
 
     return call
@@ -93,7 +102,10 @@ def test_parse_table(tok, run):
         for row, (text, _, actions, ok) in enumerate(rows):
             got = np.asarray(out.actions[row])[: int(out.num_actions[row])].tolist()
             assert (got, bool(out.format_ok[row])) == (actions, ok), text
-            assert reference_parse(text.encode(), NAMES, think=think, max_actions=3) == (actions, ok), text
+            assert reference_parse(text.encode(), NAMES, think=think, max_actions=3) == (
+                actions,
+                ok,
+            ), text
 
 
 def test_think_tokens_count_the_think_content(tok, run):
@@ -108,17 +120,27 @@ def test_think_tokens_count_the_think_content(tok, run):
 
 def _grammar_reply(rng: np.random.Generator) -> str:
     """A near-valid reply: the right shape with random damage."""
+
     def pick(options):
         return options[rng.integers(len(options))]
+
     ws = lambda: pick(["", " ", "\n", "  ", "\t", " \n "])  # noqa: E731
     names = [*NAMES, "left", "UP", "down ", "jump", "Upp", "", "Lèft", "右"]
     items = [ws() + pick(names) + ws() for _ in range(rng.integers(0, 7))]
     answer = pick(["||", "||", " || ", "|", "|||", ","]).join(items)
     think = pick(["", "I should go", "<answer>x</answer>", "</think>", "步"])
-    parts = [pick(["", "", "Sure. ", "<think>"]), pick(["<think>", "<think>", "<Think>", ""]), think,
-             pick(["</think>", "</think>", "</think >", ""]), ws(), pick(["", "", "x"]),
-             pick(["<answer>", "<answer>", "<ANSWER>", ""]), answer,
-             pick(["</answer>", "</answer>", "</answer", ""]), pick(["", "", " extra", "</answer>"])]
+    parts = [
+        pick(["", "", "Sure. ", "<think>"]),
+        pick(["<think>", "<think>", "<Think>", ""]),
+        think,
+        pick(["</think>", "</think>", "</think >", ""]),
+        ws(),
+        pick(["", "", "x"]),
+        pick(["<answer>", "<answer>", "<ANSWER>", ""]),
+        answer,
+        pick(["</answer>", "</answer>", "</answer", ""]),
+        pick(["", "", " extra", "</answer>"]),
+    ]
     return "".join(parts)
 
 

@@ -28,14 +28,25 @@ def tok(request):
 def envs():
     """name -> (env, grid shape), traced once per module."""
     made = {name: envs_jax.make(name) for name in ENVS}
-    return {name: (env, jax.eval_shape(lambda k, e=env: e.render_symbols(e.reset(k)[0]),
-                                       jax.random.PRNGKey(0)).shape) for name, env in made.items()}
+    return {
+        name: (
+            env,
+            jax.eval_shape(
+                lambda k, e=env: e.render_symbols(e.reset(k)[0]), jax.random.PRNGKey(0)
+            ).shape,
+        )
+        for name, env in made.items()
+    }
 
 
 # Block and newline id are arguments, not constants: envs whose tables and shapes agree share
 # a compile (e.g. the two tokenizers' renderings of one env).
-_render = jax.jit(jax.vmap(lambda block, grid, newline: block.encode({"state": bk.flatten_grid(grid, newline)}),
-                           in_axes=(None, 0, None)))
+_render = jax.jit(
+    jax.vmap(
+        lambda block, grid, newline: block.encode({"state": bk.flatten_grid(grid, newline)}),
+        in_axes=(None, 0, None),
+    )
+)
 
 
 @pytest.mark.parametrize("name", ENVS)
@@ -43,10 +54,18 @@ def test_render_equals_encode_on_random_grids(tok, envs, name):
     env, (rows, cols) = envs[name]
     # build_block checks random grids against tokenizer.encode itself (build_codec: 1000) and
     # raises on a mismatch; here 1000 go through the rendering that jit code calls.
-    block = bk.build_block(tok, [bk.grid_slot(env.symbol_strings, rows, cols)], verify=bk.VERIFY_ROWS, seed=1)
-    grids = np.random.default_rng(2).integers(0, len(env.symbol_strings), (STATES, rows, cols)).astype(np.int32)
+    block = bk.build_block(
+        tok, [bk.grid_slot(env.symbol_strings, rows, cols)], verify=bk.VERIFY_ROWS, seed=1
+    )
+    grids = (
+        np.random.default_rng(2)
+        .integers(0, len(env.symbol_strings), (STATES, rows, cols))
+        .astype(np.int32)
+    )
     ids, lengths = jax.device_get(_render(block, grids, len(env.symbol_strings)))
-    want = tok([symbol_text(env.symbol_strings, g) for g in grids], add_special_tokens=False)["input_ids"]
+    want = tok([symbol_text(env.symbol_strings, g) for g in grids], add_special_tokens=False)[
+        "input_ids"
+    ]
     for row, n, expected in zip(ids, lengths, want):
         assert row[:n].tolist() == expected
         assert np.all(row[n:] == -1)

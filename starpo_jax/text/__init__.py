@@ -3,8 +3,25 @@
 from starpo_jax.text.token_bytes import TokenBytes, token_byte_table
 from starpo_jax.text.codec import Codec, build_codec, chat_pieces
 from starpo_jax.text.parse import ParsedReply, answer_closed, reference_parse, stop_strings
-from starpo_jax.text.templates import PromptTemplate, default_template, format_reward, render_conversation_text
+from starpo_jax.text.templates import (
+    PromptTemplate,
+    default_template,
+    format_reward,
+    render_conversation_text,
+)
 
-__all__ = ["TokenBytes", "token_byte_table", "Codec", "build_codec", "chat_pieces", "ParsedReply",
-           "answer_closed", "reference_parse", "stop_strings", "PromptTemplate", "default_template",
-           "format_reward", "render_conversation_text"]
+__all__ = [
+    "TokenBytes",
+    "token_byte_table",
+    "Codec",
+    "build_codec",
+    "chat_pieces",
+    "ParsedReply",
+    "answer_closed",
+    "reference_parse",
+    "stop_strings",
+    "PromptTemplate",
+    "default_template",
+    "format_reward",
+    "render_conversation_text",
+]

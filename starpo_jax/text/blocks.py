@@ -26,7 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from starpo_jax.text.symbol_bpe import SymbolBpe, build_symbol_bpe, encode_region, max_tokens, stack_tables
+from starpo_jax.text.symbol_bpe import (
+    SymbolBpe,
+    build_symbol_bpe,
+    encode_region,
+    max_tokens,
+    stack_tables,
+)
 from starpo_jax.text.templates import MAX_CENTS, MAX_REWARD, format_reward
 
 DIGITS = tuple("0123456789")
@@ -67,29 +73,44 @@ def reward_symbols(reward: jax.Array) -> jax.Array:
     whole_digits = jnp.where((whole >= powers) | (powers == 1), (whole // powers) % 10, _EMPTY)
     tenths, hundredths = (magnitude // 10) % 10, magnitude % 10
     has_frac = magnitude % 100 != 0
-    return jnp.concatenate([
-        jnp.where(cents < 0, _MINUS, _EMPTY)[None],
-        whole_digits,
-        jnp.stack([jnp.where(has_frac, _POINT, _EMPTY), jnp.where(has_frac, tenths, _EMPTY),
-                   jnp.where(hundredths != 0, hundredths, _EMPTY)]),
-    ]).astype(jnp.int32)
+    return jnp.concatenate(
+        [
+            jnp.where(cents < 0, _MINUS, _EMPTY)[None],
+            whole_digits,
+            jnp.stack(
+                [
+                    jnp.where(has_frac, _POINT, _EMPTY),
+                    jnp.where(has_frac, tenths, _EMPTY),
+                    jnp.where(hundredths != 0, hundredths, _EMPTY),
+                ]
+            ),
+        ]
+    ).astype(jnp.int32)
 
 
 def _spell(text: str, width: int) -> np.ndarray:
     """Host: the ids of `text` in NUMBER_SYMBOLS, padded with the empty symbol to `width`."""
-    return np.array([NUMBER_SYMBOLS.index(c) for c in text] + [_EMPTY] * (width - len(text)), np.int32)
+    return np.array(
+        [NUMBER_SYMBOLS.index(c) for c in text] + [_EMPTY] * (width - len(text)), np.int32
+    )
 
 
 def sample_int(rng: np.random.Generator) -> np.ndarray:
     """Random INT_WIDTH-symbol spelling of an integer (small ones more often)."""
-    value = int(rng.choice([rng.integers(0, 10), rng.integers(10, 100), rng.integers(0, 10**INT_WIDTH)]))
+    value = int(
+        rng.choice([rng.integers(0, 10), rng.integers(10, 100), rng.integers(0, 10**INT_WIDTH)])
+    )
     return _spell(str(value), INT_WIDTH)
 
 
 def sample_reward(rng: np.random.Generator) -> np.ndarray:
     """Random reward spelling: the games' rewards and arbitrary values of several magnitudes."""
     pool = [0.0, 0.1, -0.1, 1.0, 10.0, 9.9, -1.1, 0.9, 10.9]
-    value = rng.choice(pool) if rng.random() < 0.5 else rng.uniform(-1000, 1000) / 10.0 ** rng.integers(0, 4)
+    value = (
+        rng.choice(pool)
+        if rng.random() < 0.5
+        else rng.uniform(-1000, 1000) / 10.0 ** rng.integers(0, 4)
+    )
     return _spell(format_reward(value), _WHOLE_WIDTH + 4)
 
 
@@ -99,7 +120,9 @@ def grid_slot(symbol_strings: tuple[str, ...], rows: int, cols: int) -> Slot:
 
     def sample(rng: np.random.Generator) -> np.ndarray:
         grid = rng.integers(0, len(symbol_strings), (rows, cols))
-        return np.concatenate([grid, np.full((rows, 1), len(symbol_strings))], axis=1).reshape(-1)[:-1]
+        return np.concatenate([grid, np.full((rows, 1), len(symbol_strings))], axis=1).reshape(-1)[
+            :-1
+        ]
 
     return Slot("state", symbols, sample)
 
@@ -140,9 +163,15 @@ class Block(flax.struct.PyTreeNode):
         """{slot name: [width] int32 symbol ids} -> (ids [T] int32 (-1 pad), length [] int32)."""
         n = max(self.slot_widths)
         nothing = self.tables.base - 3  # [G]: the slot id that stands for no text (the edge)
-        rows = jnp.stack([jnp.concatenate([slots[name].astype(jnp.int32), jnp.full((n - w,), nothing[g])])
-                          for g, (name, w) in enumerate(zip(self.slot_names, self.slot_widths))])
-        ids, lengths = jax.vmap(encode_region, in_axes=(0, 0, None))(self.tables, rows, max(self.max_tokens))
+        rows = jnp.stack(
+            [
+                jnp.concatenate([slots[name].astype(jnp.int32), jnp.full((n - w,), nothing[g])])
+                for g, (name, w) in enumerate(zip(self.slot_names, self.slot_widths))
+            ]
+        )
+        ids, lengths = jax.vmap(encode_region, in_axes=(0, 0, None))(
+            self.tables, rows, max(self.max_tokens)
+        )
         pieces = []
         for i, static in enumerate(self.static):
             if static:
@@ -157,7 +186,9 @@ def _encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 
 
 def _fill(parts: Sequence[str | Slot], fills: dict[str, np.ndarray]) -> str:
-    return "".join(p if isinstance(p, str) else "".join(p.symbols[i] for i in fills[p.name]) for p in parts)
+    return "".join(
+        p if isinstance(p, str) else "".join(p.symbols[i] for i in fills[p.name]) for p in parts
+    )
 
 
 def _is_cut(tokenizer: Any, texts: list[str], whole: list[list[int]], positions: list[int]) -> bool:
@@ -166,8 +197,14 @@ def _is_cut(tokenizer: Any, texts: list[str], whole: list[list[int]], positions:
     return all(a + b == w for a, b, w in zip(lefts, rights, whole))
 
 
-def build_block(tokenizer: Any, parts: Sequence[str | Slot], *, samples: int = 64, verify: int = 300,
-                seed: int = 0) -> Block:
+def build_block(
+    tokenizer: Any,
+    parts: Sequence[str | Slot],
+    *,
+    samples: int = 64,
+    verify: int = 300,
+    seed: int = 0,
+) -> Block:
     """Host: a Block for `parts` (strings and Slots, never two Slots adjacent).
 
     Raises ValueError naming the slot when no cut isolates it, or when the block's JAX encoding
@@ -180,7 +217,9 @@ def build_block(tokenizer: Any, parts: Sequence[str | Slot], *, samples: int = 6
             merged[-1] = merged[-1] + part if isinstance(merged[-1], str) else part
             continue
         if isinstance(merged[-1], Slot):
-            raise ValueError(f"slots {merged[-1].name!r} and {part.name!r} are adjacent; put fixed text between")
+            raise ValueError(
+                f"slots {merged[-1].name!r} and {part.name!r} are adjacent; put fixed text between"
+            )
         merged.append(part)
         merged.append("")
     parts = merged
@@ -203,15 +242,17 @@ def build_block(tokenizer: Any, parts: Sequence[str | Slot], *, samples: int = 6
                     widen[i][side] = k
                     break
             else:
-                raise ValueError(f"slot {slot.name!r}: no cut separates it from the fixed text "
-                                 f"{text!r}; this tokenizer cannot render it exactly")
+                raise ValueError(
+                    f"slot {slot.name!r}: no cut separates it from the fixed text "
+                    f"{text!r}; this tokenizer cannot render it exactly"
+                )
     statics: list[str] = [p for p in parts if isinstance(p, str)]
     tables, widths, most = [], [], []
     for i, slot in enumerate(slots):
         lw, rw = widen[i]
         if lw + (widen[i - 1][1] if i else 0) > len(statics[i]) or rw > len(statics[i + 1]):
             raise ValueError(f"slot {slot.name!r}: its widened region overlaps the previous slot's")
-        left_text = statics[i][len(statics[i]) - lw:]
+        left_text = statics[i][len(statics[i]) - lw :]
         right_text = statics[i + 1][:rw]
         tables.append(build_symbol_bpe(tokenizer, slot.symbols, left_text, right_text))
         widths.append(len(slot.sample(rng)))
@@ -220,9 +261,16 @@ def build_block(tokenizer: Any, parts: Sequence[str | Slot], *, samples: int = 6
     for i, text in enumerate(statics):
         start = widen[i - 1][1] if i else 0
         stop = len(text) - (widen[i][0] if i < len(slots) else 0)
-        trimmed.append(tuple(_encode_many(tokenizer, [text[start:stop]])[0]) if stop > start else ())
-    block = Block(tables=stack_tables(tables), static=tuple(trimmed), slot_names=tuple(s.name for s in slots),
-                  slot_widths=tuple(widths), max_tokens=tuple(most))
+        trimmed.append(
+            tuple(_encode_many(tokenizer, [text[start:stop]])[0]) if stop > start else ()
+        )
+    block = Block(
+        tables=stack_tables(tables),
+        static=tuple(trimmed),
+        slot_names=tuple(s.name for s in slots),
+        slot_widths=tuple(widths),
+        max_tokens=tuple(most),
+    )
     _verify(tokenizer, block, parts, slots, rng, verify)
     return block
 
@@ -234,12 +282,16 @@ _VERIFY_WIDTHS = (16, 128)
 
 
 def _verify_width(width: int) -> int:
-    return next((w for w in _VERIFY_WIDTHS if width <= w), -(-width // _VERIFY_WIDTHS[-1]) * _VERIFY_WIDTHS[-1])
+    return next(
+        (w for w in _VERIFY_WIDTHS if width <= w),
+        -(-width // _VERIFY_WIDTHS[-1]) * _VERIFY_WIDTHS[-1],
+    )
 
 
 @functools.partial(jax.jit, static_argnames="width")
 def _encode_rows(bpe: SymbolBpe, slot_ids: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
-    """The verification program: slot_ids [VERIFY_ROWS, N] -> (ids [VERIFY_ROWS, width], lengths)."""
+    """The verification program: slot_ids [VERIFY_ROWS, N] -> (ids [VERIFY_ROWS, width],
+    lengths)."""
     return jax.vmap(lambda row: encode_region(bpe, row, width))(slot_ids)
 
 
@@ -256,17 +308,28 @@ def _region_tokens(block: Block, g: int, slot_ids: np.ndarray) -> list[list[int]
     width = (n + 2) * tables.symbol_bytes.shape[1]  # >= the region's max_tokens, from shapes only
     out: list[list[int]] = []
     for chunk in range(0, len(padded), VERIFY_ROWS):
-        ids, lengths = jax.device_get(_encode_rows(tables, padded[chunk: chunk + VERIFY_ROWS], width))
+        ids, lengths = jax.device_get(
+            _encode_rows(tables, padded[chunk : chunk + VERIFY_ROWS], width)
+        )
         out += [row[:length].tolist() for row, length in zip(ids, lengths)]
     return out
 
 
-def _verify(tokenizer: Any, block: Block, parts: list, slots: list[Slot], rng: np.random.Generator,
-            count: int) -> None:
-    """Checks the block on `count` (rounded up to VERIFY_ROWS) random fillings; raises on a mismatch."""
+def _verify(
+    tokenizer: Any,
+    block: Block,
+    parts: list,
+    slots: list[Slot],
+    rng: np.random.Generator,
+    count: int,
+) -> None:
+    """Checks the block on `count` (rounded up to VERIFY_ROWS) random fillings; raises on a
+    mismatch."""
     count = -(-max(count, 1) // VERIFY_ROWS) * VERIFY_ROWS
     fills = [{s.name: s.sample(rng) for s in slots} for _ in range(count)]
-    regions = [_region_tokens(block, g, np.stack([f[s.name] for f in fills])) for g, s in enumerate(slots)]
+    regions = [
+        _region_tokens(block, g, np.stack([f[s.name] for f in fills])) for g, s in enumerate(slots)
+    ]
     expected = _encode_many(tokenizer, [_fill(parts, f) for f in fills])
     for row, want in enumerate(expected):
         got = list(block.static[0])
@@ -274,12 +337,16 @@ def _verify(tokenizer: Any, block: Block, parts: list, slots: list[Slot], rng: n
             got += region[row] + list(static)
         if got != want:
             text = _fill(parts, fills[row])
-            same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            same = next(
+                (i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want))
+            )
             at = len(tokenizer.decode(want[:same]))
             raise ValueError(
-                f"cannot render {block.slot_names} exactly with this tokenizer: the tokenizations of "
-                f"{text!r} differ from character {at} ({text[at:at + 3]!r}...): codec {got[same:same + 4]}, "
-                f"tokenizer {want[same:same + 4]}; symbols there: {_symbols_at(parts, fills[row], at)}")
+                f"cannot render {block.slot_names} exactly with this tokenizer: the "
+                f"tokenizations of {text!r} differ from character {at} "
+                f"({text[at : at + 3]!r}...): codec {got[same : same + 4]}, tokenizer "
+                f"{want[same : same + 4]}; symbols there: {_symbols_at(parts, fills[row], at)}"
+            )
 
 
 def _symbols_at(parts: list, fill: dict[str, np.ndarray], at: int) -> list[str]:

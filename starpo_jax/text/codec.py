@@ -48,15 +48,26 @@ def chat_pieces(tokenizer: Any) -> dict[str, str]:
     prompt = tokenizer.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
     cuts = [full.find(s) for s in _SENTINELS]
     if any(c < 0 for c in cuts) or cuts != sorted(cuts):
-        raise ValueError("the chat template drops or reorders message contents; cannot build turns from it")
-    between = [full[cuts[i] + len(_SENTINELS[i]): cuts[i + 1]] for i in range(4)]
-    pieces = {"start": full[: cuts[0]], "system_to_user": between[0], "user_to_assistant": between[1],
-              "assistant_to_user": between[2], "closing": full[cuts[4] + len(_SENTINELS[4]):]}
+        raise ValueError(
+            "the chat template drops or reorders message contents; cannot build turns from it"
+        )
+    between = [full[cuts[i] + len(_SENTINELS[i]) : cuts[i + 1]] for i in range(4)]
+    pieces = {
+        "start": full[: cuts[0]],
+        "system_to_user": between[0],
+        "user_to_assistant": between[1],
+        "assistant_to_user": between[2],
+        "closing": full[cuts[4] + len(_SENTINELS[4]) :],
+    }
     if between[3] != between[1]:
-        raise ValueError(f"the chat template renders user turns differently: {between[1]!r} vs {between[3]!r}")
+        raise ValueError(
+            f"the chat template renders user turns differently: {between[1]!r} vs {between[3]!r}"
+        )
     expected = pieces["start"] + _SENTINELS[0] + between[0] + _SENTINELS[1] + between[1]
     if prompt != expected:
-        raise ValueError(f"the generation prompt {prompt!r} differs from the conversation's {expected!r}")
+        raise ValueError(
+            f"the generation prompt {prompt!r} differs from the conversation's {expected!r}"
+        )
     return pieces
 
 
@@ -75,47 +86,80 @@ class Codec(flax.struct.PyTreeNode):
 
     def _grid(self, symbols: jax.Array) -> jax.Array:
         if tuple(symbols.shape) != self.grid_shape:
-            raise ValueError(f"symbols have shape {symbols.shape}; this codec renders {self.grid_shape} grids")
+            raise ValueError(
+                f"symbols have shape {symbols.shape}; this codec renders {self.grid_shape} grids"
+            )
         return bk.flatten_grid(symbols, self.newline_id)
 
     def _observation_row(self, symbols):
         return self.observation.encode({"state": self._grid(symbols)})
 
     def _first_row(self, symbols, actions_left):
-        return self.first.encode({"turn": bk.int_symbols(jnp.int32(1)), "state": self._grid(symbols),
-                                  "actions_left": bk.int_symbols(actions_left)})
+        return self.first.encode(
+            {
+                "turn": bk.int_symbols(jnp.int32(1)),
+                "state": self._grid(symbols),
+                "actions_left": bk.int_symbols(actions_left),
+            }
+        )
 
     def _later_row(self, turn, reward, symbols, actions_left):
-        return self.later.encode({"reward": bk.reward_symbols(reward), "turn": bk.int_symbols(turn),
-                                  "state": self._grid(symbols), "actions_left": bk.int_symbols(actions_left)})
+        return self.later.encode(
+            {
+                "reward": bk.reward_symbols(reward),
+                "turn": bk.int_symbols(turn),
+                "state": self._grid(symbols),
+                "actions_left": bk.int_symbols(actions_left),
+            }
+        )
 
     def render_observation(self, symbols: jax.Array) -> tuple[jax.Array, jax.Array]:
         """symbols [..., R, C] int32 -> (ids [..., T] int32 (-1 padded), lengths [...] int32)."""
         return _over_leading(self._observation_row, symbols.ndim - 2, symbols)
 
-    def first_prompt(self, symbols: jax.Array, actions_left: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def first_prompt(
+        self, symbols: jax.Array, actions_left: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
         """Turn 1's prompt, from the template's start to the assistant header.
 
         symbols [..., R, C] int32, actions_left [...] int32 -> (ids [..., T], lengths [...]).
         """
-        return _over_leading(self._first_row, symbols.ndim - 2, symbols, jnp.asarray(actions_left, jnp.int32))
+        return _over_leading(
+            self._first_row, symbols.ndim - 2, symbols, jnp.asarray(actions_left, jnp.int32)
+        )
 
-    def next_prompt(self, turn: jax.Array, reward: jax.Array, symbols: jax.Array,
-                    actions_left: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def next_prompt(
+        self, turn: jax.Array, reward: jax.Array, symbols: jax.Array, actions_left: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
         """What follows reply turn-1: end of that reply, user message (reward of turn-1, turn's
         state), assistant header. turn [...] int32 (>= 2), reward [...] float32,
         symbols [..., R, C] int32, actions_left [...] int32 -> (ids [..., T], lengths [...])."""
-        return _over_leading(self._later_row, symbols.ndim - 2, jnp.asarray(turn, jnp.int32),
-                             jnp.asarray(reward, jnp.float32), symbols, jnp.asarray(actions_left, jnp.int32))
+        return _over_leading(
+            self._later_row,
+            symbols.ndim - 2,
+            jnp.asarray(turn, jnp.int32),
+            jnp.asarray(reward, jnp.float32),
+            symbols,
+            jnp.asarray(actions_left, jnp.int32),
+        )
 
     def parse_reply(self, reply_ids: jax.Array, reply_length: jax.Array) -> ParsedReply:
-        """reply_ids [..., T] int32 (whole assistant text incl. the forced prefix), lengths [...]."""
+        """reply_ids [..., T] int32 (whole assistant text incl. the forced prefix),
+        lengths [...]."""
         return parse(self.parser, reply_ids, reply_length)
 
 
-def build_codec(tokenizer: Any, env: Any, mode: str = THINK, *, max_actions_per_turn: int = 5,
-                max_tokens: int = 100, max_reply_bytes: int = 2048, verify: int = 300,
-                **template_overrides: Any) -> Codec:
+def build_codec(
+    tokenizer: Any,
+    env: Any,
+    mode: str = THINK,
+    *,
+    max_actions_per_turn: int = 5,
+    max_tokens: int = 100,
+    max_reply_bytes: int = 2048,
+    verify: int = 300,
+    **template_overrides: Any,
+) -> Codec:
     """Host: builds and verifies a Codec for this tokenizer and env (a TextEnv).
 
     template_overrides replace fields of `default_template(mode)` (e.g. system=..., turn=...).
@@ -124,7 +168,9 @@ def build_codec(tokenizer: Any, env: Any, mode: str = THINK, *, max_actions_per_
     if mode not in (THINK, NO_THINK):
         raise ValueError(f"unknown mode {mode!r}; valid: {THINK!r}, {NO_THINK!r}")
     template = PromptTemplate(**{**default_template(mode).__dict__, **template_overrides})
-    rows, cols = jax.eval_shape(lambda key: env.render_symbols(env.reset(key)[0]), jax.random.PRNGKey(0)).shape
+    rows, cols = jax.eval_shape(
+        lambda key: env.render_symbols(env.reset(key)[0]), jax.random.PRNGKey(0)
+    ).shape
     symbols = tuple(env.symbol_strings)
     state = bk.grid_slot(symbols, rows, cols)
     number = lambda name, sample: bk.Slot(name, bk.NUMBER_SYMBOLS, sample)  # noqa: E731
@@ -134,19 +180,49 @@ def build_codec(tokenizer: Any, env: Any, mode: str = THINK, *, max_actions_per_
     observation = bk.build_block(tokenizer, [state], verify=max(verify, 1000))
     chat = chat_pieces(tokenizer)
     intro = intro_text(template, env.instructions, env.action_names, max_actions_per_turn)
-    turn_parts = _split(template.turn.replace("{max_tokens}", str(max_tokens)),
-                        {"turn": turn, "state": state, "actions_left": left})
-    first = bk.build_block(tokenizer, [chat["start"] + template.system + chat["system_to_user"] + intro,
-                                       *turn_parts, chat["user_to_assistant"]], verify=verify)
-    later = bk.build_block(tokenizer, [chat["assistant_to_user"], *_split(template.reward, {"reward": reward}),
-                                       *turn_parts, chat["user_to_assistant"]], verify=verify)
+    turn_parts = _split(
+        template.turn.replace("{max_tokens}", str(max_tokens)),
+        {"turn": turn, "state": state, "actions_left": left},
+    )
+    first = bk.build_block(
+        tokenizer,
+        [
+            chat["start"] + template.system + chat["system_to_user"] + intro,
+            *turn_parts,
+            chat["user_to_assistant"],
+        ],
+        verify=verify,
+    )
+    later = bk.build_block(
+        tokenizer,
+        [
+            chat["assistant_to_user"],
+            *_split(template.reward, {"reward": reward}),
+            *turn_parts,
+            chat["user_to_assistant"],
+        ],
+        verify=verify,
+    )
     encode = lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
-    parser = build_parser(_token_bytes(tokenizer), env.action_names, think=template.think,
-                          separator=template.action_sep, max_actions=max_actions_per_turn,
-                          max_bytes=max_reply_bytes)
-    return Codec(observation=observation, first=first, later=later, parser=parser,
-                 closing_ids=encode(chat["closing"]), forced_prefix_ids=encode(template.forced_prefix),
-                 template=template, grid_shape=(rows, cols), newline_id=len(symbols))
+    parser = build_parser(
+        _token_bytes(tokenizer),
+        env.action_names,
+        think=template.think,
+        separator=template.action_sep,
+        max_actions=max_actions_per_turn,
+        max_bytes=max_reply_bytes,
+    )
+    return Codec(
+        observation=observation,
+        first=first,
+        later=later,
+        parser=parser,
+        closing_ids=encode(chat["closing"]),
+        forced_prefix_ids=encode(template.forced_prefix),
+        template=template,
+        grid_shape=(rows, cols),
+        newline_id=len(symbols),
+    )
 
 
 _TOKEN_BYTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -169,13 +245,15 @@ def _over_leading(fn, extra: int, *args):
 
 
 def _split(text: str, slots: dict[str, bk.Slot]) -> list[str | bk.Slot]:
-    """"a {x} b" -> ["a ", slots["x"], " b"] (fields other than `slots` are an error)."""
+    """ "a {x} b" -> ["a ", slots["x"], " b"] (fields other than `slots` are an error)."""
     parts: list[str | bk.Slot] = []
     rest = text
     while "{" in rest:
         head, _, tail = rest.partition("{")
         name, _, rest = tail.partition("}")
         if name not in slots:
-            raise ValueError(f"unknown field {{{name}}} in template text {text!r}; expected {sorted(slots)}")
+            raise ValueError(
+                f"unknown field {{{name}}} in template text {text!r}; expected {sorted(slots)}"
+            )
         parts += [head, slots[name]]
     return parts + [rest]

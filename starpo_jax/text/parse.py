@@ -54,22 +54,38 @@ class ReplyParser(flax.struct.PyTreeNode):
     max_bytes: int = flax.struct.field(pytree_node=False)
 
 
-def build_parser(table: TokenBytes, action_names: Sequence[str], *, think: bool, separator: str = "||",
-                 max_actions: int = 5, max_bytes: int = 2048) -> ReplyParser:
+def build_parser(
+    table: TokenBytes,
+    action_names: Sequence[str],
+    *,
+    think: bool,
+    separator: str = "||",
+    max_actions: int = 5,
+    max_bytes: int = 2048,
+) -> ReplyParser:
     """Host: a ReplyParser. Raises ValueError for a separator that overlaps itself irregularly."""
     sep = separator.encode("utf-8")
     borders = [k for k in range(1, len(sep)) if sep[:k] == sep[-k:]]
     if borders and len(set(sep)) != 1:
-        raise ValueError(f"action separator {separator!r} overlaps itself; use one without a repeated "
-                         "border (e.g. '||', '|', ';')")
+        raise ValueError(
+            f"action separator {separator!r} overlaps itself; use one without a repeated "
+            "border (e.g. '||', '|', ';')"
+        )
     encoded = [n.lower().encode("utf-8") for n in action_names]
     width = max(len(e) for e in encoded)
     names = np.full((len(encoded), width), -1, np.int32)
     for i, e in enumerate(encoded):
         names[i, : len(e)] = np.frombuffer(e, np.uint8)
-    return ReplyParser(token_bytes=jnp.asarray(table.bytes), token_lengths=jnp.asarray(table.lengths),
-                       names=jnp.asarray(names), name_lengths=jnp.asarray([len(e) for e in encoded], jnp.int32),
-                       think=think, separator=sep, max_actions=max_actions, max_bytes=max_bytes)
+    return ReplyParser(
+        token_bytes=jnp.asarray(table.bytes),
+        token_lengths=jnp.asarray(table.lengths),
+        names=jnp.asarray(names),
+        name_lengths=jnp.asarray([len(e) for e in encoded], jnp.int32),
+        think=think,
+        separator=sep,
+        max_actions=max_actions,
+        max_bytes=max_bytes,
+    )
 
 
 def _hits(chars: jax.Array, pattern: bytes) -> jax.Array:
@@ -78,7 +94,7 @@ def _hits(chars: jax.Array, pattern: bytes) -> jax.Array:
     padded = jnp.concatenate([chars, jnp.full((len(pattern),), -1, chars.dtype)])
     hit = jnp.ones((n,), bool)
     for k, b in enumerate(pattern):
-        hit = hit & (padded[k: k + n] == b)
+        hit = hit & (padded[k : k + n] == b)
     return hit
 
 
@@ -143,7 +159,9 @@ def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     text = chars[jnp.clip(first[:, None] + jnp.arange(width), 0, n - 1)]  # [items, Mx]
     text = jnp.where((text >= ord("A")) & (text <= ord("Z")), text + 32, text)
     size = last - first + 1
-    same = (text[:, None, :] == p.names[None]) | (jnp.arange(width) >= p.name_lengths[:, None])[None]
+    same = (text[:, None, :] == p.names[None]) | (jnp.arange(width) >= p.name_lengths[:, None])[
+        None
+    ]
     known = jnp.all(same, axis=-1) & (size[:, None] == p.name_lengths[None])  # [items, A]
     valid = kept & jnp.any(known, axis=-1)
     action = jnp.argmax(known, axis=-1).astype(jnp.int32)
@@ -169,11 +187,20 @@ def parse(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     return fn(ids, length)
 
 
-def reference_parse(reply: bytes, action_names: Sequence[str], *, think: bool, separator: str = "||",
-                    max_actions: int = 5, max_bytes: int = 2048) -> tuple[list[int], bool]:
+def reference_parse(
+    reply: bytes,
+    action_names: Sequence[str],
+    *,
+    think: bool,
+    separator: str = "||",
+    max_actions: int = 5,
+    max_bytes: int = 2048,
+) -> tuple[list[int], bool]:
     """The same rules with Python's `re` on bytes: (action ids, format_ok)."""
     text = reply[:max_bytes]
-    pattern = (rb"<think>(.*?)</think>" + _WS.encode() if think else b"") + rb"<answer>(.*?)</answer>"
+    pattern = (
+        rb"<think>(.*?)</think>" + _WS.encode() if think else b""
+    ) + rb"<answer>(.*?)</answer>"
     match = re.search(pattern, text, re.DOTALL)
     if match is None:
         return [], False
@@ -190,8 +217,12 @@ def stop_strings(think: bool = True) -> tuple[str, ...]:
     return ("</answer>",)
 
 
-def answer_closed(tail: jax.Array, tokens: jax.Array, table: jax.Array, table_lengths: jax.Array,
-                  ) -> tuple[jax.Array, jax.Array]:
+def answer_closed(
+    tail: jax.Array,
+    tokens: jax.Array,
+    table: jax.Array,
+    table_lengths: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
     """Per decode step: has the reply text so far reached `</answer>`? (the sampler's matcher)
 
     tail [B, W] int32 (W = `stop_tail_width(stop_strings())`, -1 initially), tokens [B] int32.

@@ -38,11 +38,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from starpo_jax.text.pretokens import FIRST_SLOT, LEFT, RIGHT, de_bruijn_flags, start_flags, windows
 from starpo_jax.text.token_bytes import gpt2_unicode_to_byte
 
 _NO_MERGE = np.iinfo(np.int32).max
 _MAX_BASE = 22  # base**4 window ids must stay a small table (22**4 = 234256 rows)
-LEFT, RIGHT, FIRST_SLOT = 0, 1, 2  # ids of the fixed texts and of the first slot symbol
 
 
 class SymbolBpe(flax.struct.PyTreeNode):
@@ -96,7 +96,9 @@ def _backend_spec(tokenizer: Any) -> tuple[Any, dict]:
     """(`tokenizers.Tokenizer`, its parsed JSON) behind a transformers fast tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     if not hasattr(backend, "to_str"):
-        raise TypeError(f"need a fast (tokenizers-backed) tokenizer; got {type(tokenizer).__name__}")
+        raise TypeError(
+            f"need a fast (tokenizers-backed) tokenizer; got {type(tokenizer).__name__}"
+        )
     return backend, json.loads(backend.to_str())
 
 
@@ -123,12 +125,20 @@ def _cache(tokenizer: Any) -> _TokenizerCache:
 
 def _check_model(spec: dict) -> None:
     model = spec["model"]
-    if model.get("type") != "BPE" or model.get("ignore_merges") or model.get("continuing_subword_prefix"):
+    if (
+        model.get("type") != "BPE"
+        or model.get("ignore_merges")
+        or model.get("continuing_subword_prefix")
+    ):
+        settings = {k: v for k, v in model.items() if k not in ("vocab", "merges")}
         raise ValueError(
             "the text codec supports byte-level BPE tokenizers without ignore_merges or subword "
-            f"prefixes; this tokenizer's model is {({k: v for k, v in model.items() if k not in ('vocab', 'merges')})}")
+            f"prefixes; this tokenizer's model is {settings}"
+        )
     if "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
-        raise ValueError("the text codec supports byte-level BPE tokenizers; no ByteLevel pre-tokenizer found")
+        raise ValueError(
+            "the text codec supports byte-level BPE tokenizers; no ByteLevel pre-tokenizer found"
+        )
 
 
 def _reachable_merges(cache: _TokenizerCache, byte_ids: set[int]) -> tuple[np.ndarray, ...]:
@@ -146,97 +156,25 @@ def _reachable_merges(cache: _TokenizerCache, byte_ids: set[int]) -> tuple[np.nd
     local_ids = np.array(sorted(reachable), np.int32)
     r = _bucket(len(local_ids), 512)
     if r * r >= 2**31:
-        raise ValueError(f"{len(local_ids)} reachable tokens: the alphabet is too large for int32 merge keys")
+        raise ValueError(
+            f"{len(local_ids)} reachable tokens: the alphabet is too large for int32 merge keys"
+        )
     local = {int(t): i for i, t in enumerate(local_ids)}
     m = _bucket(len(used) + 1, 512)  # + 1: at least one never-matching key
     keys = np.full((m,), _NO_MERGE, np.int64)
     ranks = np.full((m,), _NO_MERGE, np.int32)
     results = np.zeros((m,), np.int32)
-    for i, (rank, (a, b, result)) in enumerate(sorted(used.items(), key=lambda u: local[u[1][0]] * r + local[u[1][1]])):
+    for i, (rank, (a, b, result)) in enumerate(
+        sorted(used.items(), key=lambda u: local[u[1][0]] * r + local[u[1][1]])
+    ):
         keys[i], ranks[i], results[i] = local[a] * r + local[b], rank, local[result]
     padded_ids = np.concatenate([local_ids, np.full((r - len(local_ids),), local_ids[0], np.int32)])
     return padded_ids, local, keys.astype(np.int32), ranks, results
 
 
-def _windows(slot_ids: list[int], left: bool, right: bool, sentinel: int) -> list[tuple[int, int, int, int]]:
-    """Every (back2, back1, symbol, ahead) in `sentinel sentinel [left] slot* [right] sentinel`.
-
-    Empty texts are dropped before windowing (so never appear), slot_ids are the non-empty ones.
-    """
-    head = [LEFT] if left else [sentinel]  # what precedes the first slot symbol or the right text
-    tail = [RIGHT] if right else [sentinel]
-    pred = {LEFT: [sentinel], RIGHT: head + slot_ids, sentinel: [sentinel]}
-    succ = {LEFT: slot_ids + tail, RIGHT: [sentinel]}
-    for s in slot_ids:
-        pred[s], succ[s] = head + slot_ids, slot_ids + tail
-    middles = ([LEFT] if left else []) + slot_ids + ([RIGHT] if right else [])
-    return [(b2, b1, c, a) for c in middles for b1 in pred[c] for b2 in pred[b1] for a in succ[c]]
-
-
-def _char_flags(starts: set[int], at: int, middle: str) -> tuple[bool, ...]:
-    """Start flag of each byte of `middle`, found at char offset `at` (continuation bytes: False)."""
-    out: list[bool] = []
-    for k, ch in enumerate(middle):
-        out += [at + k in starts] + [False] * (len(ch.encode("utf-8")) - 1)
-    return tuple(out)
-
-
-def _start_flags(cache: _TokenizerCache, before: str, middle: str, after: str) -> tuple[bool, ...]:
-    """Pre-token start flag of each byte of `middle` in the text before + middle + after."""
-    key = (before, middle, after)
-    flags = cache.flags.get(key)
-    if flags is None:
-        starts = {s for _, (s, _) in cache.backend.pre_tokenizer.pre_tokenize_str(before + middle + after)}
-        flags = cache.flags[key] = _char_flags(starts, len(before), middle)
-    return flags
-
-
-def _de_bruijn(k: int, n: int) -> list[int]:
-    """A sequence over range(k) holding every length-n word exactly once when read cyclically:
-    the Lyndon words whose length divides n, concatenated in lexicographic order."""
-    word = [0] * (n + 1)
-    out: list[int] = []
-
-    def extend(t: int, p: int) -> None:
-        if t > n:
-            if n % p == 0:
-                out.extend(word[1: p + 1])
-            return
-        word[t] = word[t - p]
-        extend(t + 1, p)
-        for j in range(word[t - p] + 1, k):
-            word[t] = j
-            extend(t + 1, t)
-
-    extend(1, 1)
-    return out
-
-
-def _fill_interior(starts: np.ndarray, cache: _TokenizerCache, slot_ids: list[int], text_of: tuple[str, ...],
-                   base: int) -> None:
-    """Writes the start flags of every window of four slot symbols into `starts`, reading them
-    off one text that holds each such window once (a de Bruijn sequence): one pre-tokenizer
-    call instead of len(slot_ids)**4."""
-    if not slot_ids:
-        return
-    seq = np.array([slot_ids[i] for i in _de_bruijn(len(slot_ids), 4)])
-    seq = np.concatenate([seq, seq[:3]])  # read linearly, every window occurs
-    chars = np.array([len(t) for t in text_of])
-    offsets = np.concatenate([[0], np.cumsum(chars[seq])])
-    is_start = np.zeros(offsets[-1] + 1, bool)
-    pieces = cache.backend.pre_tokenizer.pre_tokenize_str("".join(text_of[s] for s in seq))
-    is_start[[s for _, (s, _) in pieces]] = True
-    b2, b1, c, a = seq[:-3], seq[1:-2], seq[2:-1], seq[3:]
-    rows = ((b2 * base + b1) * base + c) * base + a
-    at = offsets[2:-2]  # char offset of each window's middle symbol
-    for symbol in slot_ids:
-        char_of_byte = [k for k, ch in enumerate(text_of[symbol]) for _ in ch.encode("utf-8")]
-        first_byte = [j == 0 for ch in text_of[symbol] for j in range(len(ch.encode("utf-8")))]
-        here = c == symbol
-        starts[rows[here], : len(first_byte)] = is_start[at[here][:, None] + char_of_byte] & first_byte
-
-
-def build_symbol_bpe(tokenizer: Any, symbols: tuple[str, ...], left: str = "", right: str = "") -> SymbolBpe:
+def build_symbol_bpe(
+    tokenizer: Any, symbols: tuple[str, ...], left: str = "", right: str = ""
+) -> SymbolBpe:
     """Host: the tables that encode `left + (symbols sequence) + right` (see module docstring).
 
     Raises ValueError naming the problem when the tokenizer is not a supported byte-level BPE,
@@ -250,18 +188,24 @@ def build_symbol_bpe(tokenizer: Any, symbols: tuple[str, ...], left: str = "", r
     normalizer = cache.backend.normalizer
     for s in texts:
         if normalizer is not None and normalizer.normalize_str(s) != s:
-            raise ValueError(f"symbol {s!r} changes under the tokenizer's normalizer; cannot render it exactly")
+            raise ValueError(
+                f"symbol {s!r} changes under the tokenizer's normalizer; cannot render it exactly"
+            )
     base = len(texts) + 1
     if base > _MAX_BASE:
-        raise ValueError(f"alphabet of {len(symbols)} symbols is too large to tabulate "
-                         f"(max {_MAX_BASE - 3}): {symbols}")
+        raise ValueError(
+            f"alphabet of {len(symbols)} symbols is too large to tabulate "
+            f"(max {_MAX_BASE - 3}): {symbols}"
+        )
     vocab = cache.spec["model"]["vocab"]
     char_of_byte = {b: c for c, b in gpt2_unicode_to_byte().items()}
     byte_ids: dict[int, int] = {}
     for s in texts:
         for b in s.encode("utf-8"):
             if char_of_byte[b] not in vocab:
-                raise ValueError(f"byte {b:#04x} of symbol {s!r} has no single-byte token in the vocabulary")
+                raise ValueError(
+                    f"byte {b:#04x} of symbol {s!r} has no single-byte token in the vocabulary"
+                )
             byte_ids[b] = vocab[char_of_byte[b]]
     local_ids, local, keys, ranks, results = _reachable_merges(cache, set(byte_ids.values()))
 
@@ -278,22 +222,28 @@ def build_symbol_bpe(tokenizer: Any, symbols: tuple[str, ...], left: str = "", r
     text_of = (*texts, "")  # the sentinel renders as nothing: the text's edge
     slot_ids = [FIRST_SLOT + i for i, s in enumerate(symbols) if s]
     starts = np.zeros((_bucket(base**4, 2**16), width), bool)
-    _fill_interior(starts, cache, slot_ids, text_of, base)
+    de_bruijn_flags(starts, cache, slot_ids, text_of, base)
     interior = set(slot_ids)
-    for b2, b1, c, a in _windows(slot_ids, bool(left), bool(right), sentinel):
+    for b2, b1, c, a in windows(slot_ids, bool(left), bool(right), sentinel):
         if {b2, b1, c, a} <= interior:
             continue
         # A window at the text's edge or touching the fixed texts: tabulated on its own.
-        flags = _start_flags(cache, text_of[b2] + text_of[b1], text_of[c], text_of[a])
+        flags = start_flags(cache, text_of[b2] + text_of[b1], text_of[c], text_of[a])
         starts[((b2 * base + b1) * base + c) * base + a, : len(flags)] = flags
     byte_token = np.full((256,), -1, np.int32)
     for b, t in byte_ids.items():
         byte_token[b] = local[t]
     bpe = SymbolBpe(
-        symbol_bytes=jnp.asarray(symbol_bytes), symbol_lengths=jnp.asarray(symbol_lengths),
-        base=jnp.int32(base), starts=jnp.asarray(starts), byte_token=jnp.asarray(byte_token),
-        merge_keys=jnp.asarray(keys), merge_ranks=jnp.asarray(ranks),
-        merge_results=jnp.asarray(results), local_to_id=jnp.asarray(local_ids))
+        symbol_bytes=jnp.asarray(symbol_bytes),
+        symbol_lengths=jnp.asarray(symbol_lengths),
+        base=jnp.int32(base),
+        starts=jnp.asarray(starts),
+        byte_token=jnp.asarray(byte_token),
+        merge_keys=jnp.asarray(keys),
+        merge_ranks=jnp.asarray(ranks),
+        merge_results=jnp.asarray(results),
+        local_to_id=jnp.asarray(local_ids),
+    )
     cache.tables[key] = bpe
     return bpe
 
@@ -328,7 +278,10 @@ def stack_tables(tables: list[SymbolBpe]) -> SymbolBpe:
         merge_keys=jnp.asarray(np.stack([regrid(t) for t in host])),
         merge_ranks=jnp.asarray(np.stack([pad(t.merge_ranks, (m,), _NO_MERGE) for t in host])),
         merge_results=jnp.asarray(np.stack([pad(t.merge_results, (m,), 0) for t in host])),
-        local_to_id=jnp.asarray(np.stack([pad(t.local_to_id, (r,), t.local_to_id[0]) for t in host])))
+        local_to_id=jnp.asarray(
+            np.stack([pad(t.local_to_id, (r,), t.local_to_id[0]) for t in host])
+        ),
+    )
 
 
 def max_tokens(symbols: tuple[str, ...], left: str, right: str, width: int) -> int:
@@ -360,7 +313,9 @@ def _bpe_step(bpe: SymbolBpe, tok: jax.Array, start: jax.Array, valid: jax.Array
     return pack(tok, -1), pack(start, False), pack(valid, False), jnp.any(merge)
 
 
-def encode_region(bpe: SymbolBpe, slot_ids: jax.Array, max_tokens: int) -> tuple[jax.Array, jax.Array]:
+def encode_region(
+    bpe: SymbolBpe, slot_ids: jax.Array, max_tokens: int
+) -> tuple[jax.Array, jax.Array]:
     """Token ids of left + the slot symbols' texts + right (one row; vmap for batches).
 
     slot_ids: [N] int32 ids into the alphabet `build_symbol_bpe` got (empty-string symbols are
@@ -369,8 +324,13 @@ def encode_region(bpe: SymbolBpe, slot_ids: jax.Array, max_tokens: int) -> tuple
     Returns (ids [max_tokens] int32 padded with -1, length [] int32).
     """
     n = slot_ids.shape[0] + 2
-    symbols = jnp.concatenate([jnp.array([LEFT], jnp.int32), slot_ids.astype(jnp.int32) + FIRST_SLOT,
-                               jnp.array([RIGHT], jnp.int32)])
+    symbols = jnp.concatenate(
+        [
+            jnp.array([LEFT], jnp.int32),
+            slot_ids.astype(jnp.int32) + FIRST_SLOT,
+            jnp.array([RIGHT], jnp.int32),
+        ]
+    )
     base = bpe.base
     sentinel = base - 1
     lengths = bpe.symbol_lengths[symbols]

@@ -51,12 +51,17 @@ class PromptTemplate:
     """
 
     system: str = "You're a helpful assistant."
-    intro: str = ("{instructions}\n{actions_line}You can make up to {max_actions_per_turn} actions, "
-                  'separated by the action separator " {action_sep} "\n')
+    intro: str = (
+        "{instructions}\n{actions_line}You can make up to {max_actions_per_turn} actions, "
+        'separated by the action separator " {action_sep} "\n'
+    )
     actions_line: str = "Your available actions are:\n{actions}\n"
-    turn: str = ("Turn {turn}:\nState:\n{state}\nYou have {actions_left} actions left. Always output: "
-                 + _FORMAT_RULE[THINK] + " with no extra text. Strictly follow this format. "
-                 "Max response length: {max_tokens} words (tokens).")
+    turn: str = (
+        "Turn {turn}:\nState:\n{state}\nYou have {actions_left} actions left. Always output: "
+        + _FORMAT_RULE[THINK]
+        + " with no extra text. Strictly follow this format. "
+        "Max response length: {max_tokens} words (tokens)."
+    )
     reward: str = "Reward:\n{reward}\n"
     forced_prefix: str = "<think>"
     action_sep: str = "||"
@@ -64,7 +69,10 @@ class PromptTemplate:
 
     def __post_init__(self) -> None:
         expected = {
-            "intro": ({"instructions", "actions_line", "max_actions_per_turn", "action_sep"}, set()),
+            "intro": (
+                {"instructions", "actions_line", "max_actions_per_turn", "action_sep"},
+                set(),
+            ),
             "actions_line": ({"actions"}, set()),
             "turn": ({"max_tokens"}, {"turn", "state", "actions_left"}),
             "reward": (set(), {"reward"}),
@@ -74,12 +82,16 @@ class PromptTemplate:
             fields = _fields(getattr(self, name))
             unknown = set(fields) - optional - once
             if unknown:
-                raise ValueError(f"template {name!r} has unknown fields {sorted(unknown)}; "
-                                 f"allowed: {sorted(optional | once)}")
+                raise ValueError(
+                    f"template {name!r} has unknown fields {sorted(unknown)}; "
+                    f"allowed: {sorted(optional | once)}"
+                )
             for field in once:
                 if fields.count(field) != 1:
-                    raise ValueError(f"template {name!r} must contain {{{field}}} exactly once; "
-                                     f"it has it {fields.count(field)} times")
+                    raise ValueError(
+                        f"template {name!r} must contain {{{field}}} exactly once; "
+                        f"it has it {fields.count(field)} times"
+                    )
         tag = "<think>" if self.think else "<answer>"
         if not self.forced_prefix.startswith(tag):
             raise ValueError(f"forced_prefix {self.forced_prefix!r} must start with {tag!r}")
@@ -111,28 +123,52 @@ def format_reward(reward: float) -> str:
     return ("-" if cents < 0 else "") + text
 
 
-def intro_text(template: PromptTemplate, instructions: str, action_names: Sequence[str],
-               max_actions_per_turn: int) -> str:
+def intro_text(
+    template: PromptTemplate,
+    instructions: str,
+    action_names: Sequence[str],
+    max_actions_per_turn: int,
+) -> str:
     """The first user message's head, with every field filled."""
     actions = ", ".join(action_names)
     head = template.actions_line.split("{", 1)[0]
     line = "" if head and head in instructions else template.actions_line.format(actions=actions)
-    return template.intro.format(instructions=instructions, actions_line=line,
-                                 max_actions_per_turn=max_actions_per_turn, action_sep=template.action_sep)
+    return template.intro.format(
+        instructions=instructions,
+        actions_line=line,
+        max_actions_per_turn=max_actions_per_turn,
+        action_sep=template.action_sep,
+    )
 
 
-def user_message(template: PromptTemplate, intro: str, turn: int, state_text: str,
-                 actions_left: int, max_tokens: int, previous_reward: float | None) -> str:
+def user_message(
+    template: PromptTemplate,
+    intro: str,
+    turn: int,
+    state_text: str,
+    actions_left: int,
+    max_tokens: int,
+    previous_reward: float | None,
+) -> str:
     """User message of turn `turn` (1-based): the intro on turn 1, else the previous reward."""
     head = intro if turn == 1 else template.reward.format(reward=format_reward(previous_reward))
-    return head + template.turn.format(turn=turn, state=state_text, actions_left=actions_left,
-                                       max_tokens=max_tokens)
+    return head + template.turn.format(
+        turn=turn, state=state_text, actions_left=actions_left, max_tokens=max_tokens
+    )
 
 
-def render_conversation_text(template: PromptTemplate, instructions: str, action_names: Sequence[str],
-                             states: Sequence[str], replies: Sequence[str], rewards: Sequence[float],
-                             actions_left: Sequence[int], *, max_actions_per_turn: int = 5,
-                             max_tokens: int = 100) -> list[dict[str, str]]:
+def render_conversation_text(
+    template: PromptTemplate,
+    instructions: str,
+    action_names: Sequence[str],
+    states: Sequence[str],
+    replies: Sequence[str],
+    rewards: Sequence[float],
+    actions_left: Sequence[int],
+    *,
+    max_actions_per_turn: int = 5,
+    max_tokens: int = 100,
+) -> list[dict[str, str]]:
     """Host-side messages of a conversation (logs, tests): what the JAX codec assembles.
 
     states[k], actions_left[k]: the observation text and budget shown on turn k+1;
@@ -141,14 +177,22 @@ def render_conversation_text(template: PromptTemplate, instructions: str, action
     less (the conversation then ends with a user turn awaiting the reply).
     """
     if not (len(states) - 1 <= len(replies) <= len(states)) or len(rewards) < len(replies) - 1:
-        raise ValueError(f"inconsistent lengths: {len(states)} states, {len(replies)} replies, "
-                         f"{len(rewards)} rewards")
+        raise ValueError(
+            f"inconsistent lengths: {len(states)} states, {len(replies)} replies, "
+            f"{len(rewards)} rewards"
+        )
     intro = intro_text(template, instructions, action_names, max_actions_per_turn)
     messages = [{"role": "system", "content": template.system}]
     for k, state in enumerate(states):
         previous = rewards[k - 1] if k else None
-        messages.append({"role": "user", "content": user_message(
-            template, intro, k + 1, state, actions_left[k], max_tokens, previous)})
+        messages.append(
+            {
+                "role": "user",
+                "content": user_message(
+                    template, intro, k + 1, state, actions_left[k], max_tokens, previous
+                ),
+            }
+        )
         if k < len(replies):
             messages.append({"role": "assistant", "content": replies[k]})
     return messages
