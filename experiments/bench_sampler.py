@@ -6,6 +6,7 @@ also given as a fraction of the machine's f32 matmul peak measured in the same r
 
     python experiments/bench_sampler.py            # batches 1, 8, 32, 128 (~15-30 min on 2 cores)
     python experiments/bench_sampler.py --quick    # smoke run (small shapes)
+    python experiments/bench_sampler.py --train-only   # only training forward+backward
 
 Every timed phase is run once untimed first (compilation, and first touch of fresh memory,
 which is slow on these VMs); the JAX sampler then reuses its KV cache by donation.
@@ -159,6 +160,7 @@ def main() -> None:
     parser.add_argument("--train-shape", type=int, nargs=2, default=None, metavar=("B", "L"))
     parser.add_argument("--reps", type=int, default=None, help="timed runs per phase (best kept)")
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--train-only", action="store_true", help="only the fwd+bwd rows")
     args = parser.parse_args()
     quick = args.quick
     batches = args.batches or ([1, 4] if quick else [1, 8, 32, 128])
@@ -191,7 +193,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows: list[tuple[str, float, float | None, str, float]] = []  # name, jax, torch, unit, flops
 
-    for b in batches:
+    for b in [] if args.train_only else batches:
         prompts = rng.integers(100, vocab, (b, prompt_len)).astype(np.int32)
         compile_s, run_jax = jax_generation(model, prompts, new_tokens)
         run_torch = (
