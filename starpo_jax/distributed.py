@@ -1,6 +1,13 @@
 """Multi-process (multi-host) start-up: one Python process per host, all running the same command.
 
-    process_index, process_count = maybe_initialize()   # before any JAX computation
+    from starpo_jax.distributed import maybe_initialize
+    process_index, process_count = maybe_initialize()
+    from starpo_jax import api                          # only now: see below
+
+jax.distributed must be initialised before any JAX computation, and importing some libraries
+already computes (jumanji, hence envs_jax and starpo_jax.api, builds arrays at import time):
+call maybe_initialize first thing, as experiments/run.py does (this module imports only jax
+and numpy).
 
 A run is multi-process when either
   * the three standard variables are set: JAX_COORDINATOR_ADDRESS (host:port of process 0),
@@ -9,8 +16,9 @@ A run is multi-process when either
     SLURM_NTASKS > 1) or Open MPI (`mpirun`, OMPI_COMM_WORLD_SIZE > 1).
 Otherwise nothing is initialised and the run is the usual single process (0, 1).
 
-On CPU the processes exchange collectives through gloo (jax's `jax_cpu_collectives_implementation`),
-set here before the CPU backend starts, so a multi-process CPU run works without further flags.
+On CPU the processes exchange collectives through gloo (jax's config
+`jax_cpu_collectives_implementation`), set here before the CPU backend starts, so a multi-process
+CPU run works without further flags.
 """
 
 from __future__ import annotations
@@ -57,8 +65,8 @@ def distributed_arguments(environ: Mapping[str, str]) -> dict[str, object] | Non
     if given:
         missing = [name for name in STANDARD_VARIABLES if name not in given]
         if missing:
-            raise ValueError(f"{', '.join(given)} set but {', '.join(missing)} not: a multi-process "
-                             f"run needs all of {', '.join(STANDARD_VARIABLES)}")
+            raise ValueError(f"{', '.join(given)} set but {', '.join(missing)} not: a "
+                             f"multi-process run needs all of {', '.join(STANDARD_VARIABLES)}")
         count = _int(environ, "JAX_NUM_PROCESSES", 1)
         index = _int(environ, "JAX_PROCESS_ID", 0)
         if index >= count:
