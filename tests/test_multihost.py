@@ -110,6 +110,7 @@ def _metrics(workdir: Path) -> list[dict]:
             for line in lines]
 
 
+@pytest.mark.serial  # cross-process collectives: alone after the parallel suite, as in test_train
 def test_two_processes_match_one(tmp_path):
     config = tmp_path / "tiny.py"
     config.write_text(CONFIG)
