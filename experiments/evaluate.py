@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from starpo_jax import api  # noqa: E402
+from starpo_jax import api, cli  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.evaluation import summary_table  # noqa: E402
 
@@ -92,24 +91,18 @@ def _main(argv: list[str]) -> None:
     evaluate_workdir(Path(flags.FLAGS.workdir), flags.FLAGS.step, overrides)
 
 
+def _define_flags() -> None:
+    # Defined at run time, not on import: tests import this module next to run.py, which has
+    # its own flags. config_flags applies the --config.* overrides as it defines the flag.
+    config_flags.DEFINE_config_dict(
+        "config", api.default_config(), "Overrides of the run's eval section: "
+        "--config.eval.<key>=...")
+    flags.DEFINE_string("workdir", None, "The run's workdir (experiments/run.py --workdir).")
+    flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the newest).")
+
+
 def main() -> None:
-    try:
-        # Defined here, not on import: tests import this module next to run.py, which has its
-        # own flags. config_flags applies the --config.* overrides as it defines the flag.
-        config_flags.DEFINE_config_dict(
-            "config", api.default_config(), "Overrides of the run's eval section: "
-            "--config.eval.<key>=...")
-        flags.DEFINE_string("workdir", None, "The run's workdir (experiments/run.py --workdir).")
-        flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the newest).")
-        app.run(_main)
-    except (ValueError, FileNotFoundError) as error:  # named in the message; no traceback
-        sys.exit(f"error: {error}")
-    except (KeyError, AttributeError) as error:
-        if flags.FLAGS.is_parsed():
-            raise  # flags were parsed: a bug, not a config mistake
-        # config_flags rejects an override of a key the config does not have this way.
-        detail = str(error.args[0]).strip("'").replace("\\n", " ").replace("\\'", "'")
-        sys.exit(f"error: unknown --config override key: {detail}")
+    cli.run_app(_main, errors=(ValueError, FileNotFoundError), define_flags=_define_flags)
 
 
 if __name__ == "__main__":

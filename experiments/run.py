@@ -50,7 +50,7 @@ from ml_collections import config_flags  # noqa: E402
 
 import jax  # noqa: E402
 
-from starpo_jax import api  # noqa: E402
+from starpo_jax import api, cli  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.evaluation import Evaluator, summary_table  # noqa: E402
 from starpo_jax.logging import Writers, open_writers  # noqa: E402
@@ -72,22 +72,8 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue from the newest checkpoin
 
 
 def resolve_config_arg(argv: list[str]) -> list[str]:
-    """Rewrites `--config NAME[:arg]` / `--config=NAME` so that a bare file name that does not
-    exist here points into experiments/configs/."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--config" and i + 1 < len(out):
-            out[i + 1] = _resolve(out[i + 1])
-        elif arg.startswith("--config="):
-            out[i] = "--config=" + _resolve(arg.split("=", 1)[1])
-    return out
-
-
-def _resolve(value: str) -> str:
-    path, sep, rest = value.partition(":")
-    if not Path(path).exists() and (CONFIG_DIR / path).exists():
-        return str(CONFIG_DIR / path) + sep + rest
-    return value
+    """`--config NAME`: a bare file name that does not exist here points into configs/."""
+    return cli.resolve_config_arg(argv, CONFIG_DIR)
 
 
 @contextmanager
@@ -229,16 +215,7 @@ def _main(argv: list[str]) -> None:
 
 
 def main() -> None:
-    try:
-        app.run(_main, argv=resolve_config_arg(sys.argv))
-    except ValueError as error:  # a config mistake: the message names the key; no traceback
-        sys.exit(f"error: {error}")
-    except (KeyError, AttributeError) as error:
-        if "config" in flags.FLAGS and flags.FLAGS["config"].present:
-            raise  # flags were parsed: a bug, not a config mistake
-        # config_flags rejects an override of a key the config does not have this way.
-        detail = str(error.args[0]).strip("'").replace("\\n", " ").replace("\\'", "'")
-        sys.exit(f"error: unknown --config override key: {detail}")
+    cli.run_app(_main, resolve_config_arg(sys.argv))
 
 
 if __name__ == "__main__":

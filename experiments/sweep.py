@@ -33,7 +33,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from ml_collections import config_dict  # noqa: E402
 
-from starpo_jax import api  # noqa: E402
+from starpo_jax import api, cli  # noqa: E402
 from starpo_jax import sweep as lib  # noqa: E402
 from starpo_jax.logging import format_duration  # noqa: E402
 
@@ -279,19 +279,8 @@ def sweep(base: config_dict.ConfigDict, grid_specs: Sequence[str], seeds: Sequen
 def resolve_config_arg(argv: list[str]) -> list[str]:
     """As run.py: a bare --config file name that does not exist here points into configs/;
     --no-vmap is absl's --novmap."""
-    out = []
-    for arg in argv:
-        if arg == "--no-vmap":
-            arg = "--novmap"
-        elif arg.startswith("--config=") and ":" not in arg:
-            name = arg.split("=", 1)[1]
-            if not Path(name).exists() and (CONFIG_DIR / name).exists():
-                arg = f"--config={CONFIG_DIR / name}"
-        elif out and out[-1] == "--config" and not Path(arg).exists() \
-                and (CONFIG_DIR / arg).exists():
-            arg = str(CONFIG_DIR / arg)
-        out.append(arg)
-    return out
+    return cli.resolve_config_arg(["--novmap" if a == "--no-vmap" else a for a in argv],
+                                  CONFIG_DIR)
 
 
 def main() -> None:
@@ -321,16 +310,7 @@ def main() -> None:
         sweep(config.value, grid.value, lib.parse_seeds(seeds.value), Path(workdir.value),
               vmap=vmap.value, final_steps=final.value)
 
-    try:
-        app.run(_main, argv=resolve_config_arg(sys.argv))
-    except ValueError as error:  # a grid or config mistake: the message names it
-        sys.exit(f"error: {error}")
-    except (KeyError, AttributeError) as error:
-        if flags.FLAGS.is_parsed():
-            raise  # flags were parsed: a bug, not a config mistake
-        # config_flags rejects an override of a key the config does not have this way.
-        detail = str(error.args[0]).strip("'").replace("\\n", " ").replace("\\'", "'")
-        sys.exit(f"error: unknown --config override key: {detail}")
+    cli.run_app(_main, resolve_config_arg(sys.argv))  # a grid or config mistake: one line
 
 
 if __name__ == "__main__":
