@@ -5,6 +5,11 @@ end[b] .. end[b]+T-1, lets each new token attend to slots < end[b] plus the new 
 and returns the cache with end += the number of real new tokens (attention_mask.sum(-1)). Real
 tokens of a block must be a prefix of it (right padding), so padded slots are overwritten by the
 next call. Writes past the last slot are dropped (the caller sizes `max_len`).
+
+A bfloat16 cache is stored as its uint16 bit patterns (the layers convert on write and read):
+XLA's CPU backend has no bfloat16 scatter and would convert the WHOLE cache to float32 and back
+around every write (5 GB of temporaries for SmolLM2 at B = 128, L = 1732), and a bitcast around
+a bfloat16 cache inside the loops costs a copy of it.
 """
 
 from __future__ import annotations
@@ -32,12 +37,15 @@ class KVCache:
         max_len: int,
         dtype: jnp.dtype | str | None = None,
     ) -> KVCache:
-        """An empty cache of `max_len` slots per row, in `dtype` (default: the compute dtype)."""
+        """An empty cache of `max_len` slots per row, in `dtype` (default: the compute dtype;
+        bfloat16 is stored as uint16 bit patterns, see the module docstring)."""
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"KVCache.init: {name} must be a positive int; got {value!r}")
         shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
         dtype = jnp.dtype(dtype or config.dtype)
+        if dtype == jnp.bfloat16:
+            dtype = jnp.dtype(jnp.uint16)  # bfloat16 0.0 is the bit pattern 0
         return cls(
             k=jnp.zeros(shape, dtype),
             v=jnp.zeros(shape, dtype),

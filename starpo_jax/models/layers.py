@@ -119,6 +119,20 @@ def _attention_one_query(
     return out.astype(q.dtype)
 
 
+def _write_slots(cache: jax.Array, index: tuple[jax.Array, ...], new: jax.Array) -> jax.Array:
+    """cache.at[index].set(new) in cache's storage (a uint16 cache holds bfloat16 bit patterns,
+    see cache.py), out-of-range slots dropped."""
+    if cache.dtype == jnp.uint16:
+        new = jax.lax.bitcast_convert_type(new.astype(jnp.bfloat16), jnp.uint16)
+    return cache.at[index].set(new.astype(cache.dtype), mode="drop")
+
+
+def _read_layer(cache: jax.Array, i: jax.Array) -> jax.Array:
+    """Layer i of a cache [num_layers, B, S, KVH, hd], as values (bfloat16 for a uint16 cache)."""
+    layer = cache[i]
+    return jax.lax.bitcast_convert_type(layer, jnp.bfloat16) if layer.dtype == jnp.uint16 else layer
+
+
 def logical_param(value: jax.Array, axes: tuple[str, ...]) -> nnx.Param:
     """A Param annotated with logical axis names (`out_sharding`) for the sharding rules.
 
@@ -246,9 +260,9 @@ class LayerStack(nnx.Module):
             h, cache_k, cache_v = carry
             w, i = xs
             q, k, v = attention_inputs(h, w)
-            cache_k = cache_k.at[i, rows, slots].set(k.astype(cache_k.dtype), mode="drop")
-            cache_v = cache_v.at[i, rows, slots].set(v.astype(cache_v.dtype), mode="drop")
-            h = attend_and_mlp(h, w, q, cache_k[i], cache_v[i])
+            cache_k = _write_slots(cache_k, (i, rows, slots), k)
+            cache_v = _write_slots(cache_v, (i, rows, slots), v)
+            h = attend_and_mlp(h, w, q, _read_layer(cache_k, i), _read_layer(cache_v, i))
             return (h, cache_k, cache_v), None
 
         layer_ids = jnp.arange(cfg.num_layers)
