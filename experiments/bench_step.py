@@ -2,6 +2,11 @@
 
     python experiments/bench_step.py            # tiny-random and SmolLM2, P=8, N=16, 5 turns
     python experiments/bench_step.py --quick    # tiny-random only, P=2, N=4, 2 turns
+    python experiments/bench_step.py --compile-only --micro-batches 4 --remat --cache-dtype bfloat16
+
+--compile-only compiles the whole SmolLM2 step at the issue-5 shape without running it and
+prints compile wall and CPU seconds, XLA's memory_analysis (temporaries, arguments, outputs:
+temp + arguments is what the step needs resident) and the process's peak RSS.
 
 Phases are timed as separately compiled programs on the same inputs: the rollout, the old
 log-probs (one teacher-forced forward of the kept rows, plus the critic's for PPO), and the
@@ -47,13 +52,42 @@ def matmul_gflops(n: int = 2048) -> float:
     return 2 * n**3 / seconds / 1e9
 
 
-def bench(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str):
+def _setup(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
+           knobs: dict):
     model, tok = load_pretrained(model_name)
     env = envs_jax.make(env_name)
     codec = build_codec(tok, env, mode="think", max_tokens=reply, verify=20)
-    config = TrainConfig(algo=algo, rollout=RolloutConfig(groups=p, group_size=n, max_turns=turns,
-                                                          reply_tokens=reply),
-                         filter=FilterConfig(keep_ratio=0.25), optim=OptimConfig(minibatches=1))
+    config = TrainConfig(
+        algo=algo, rollout=RolloutConfig(groups=p, group_size=n, max_turns=turns, reply_tokens=reply,
+                                         cache_dtype=knobs["cache_dtype"]),
+        filter=FilterConfig(keep_ratio=0.25),
+        optim=OptimConfig(minibatches=1, micro_batches=knobs["micro_batches"], remat=knobs["remat"]))
+    return model, tok, env, codec, config
+
+
+def compile_only(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
+                 knobs: dict) -> dict:
+    """Compiles the whole step on abstract inputs (nothing runs) and reads XLA's memory plan."""
+    model, tok, env, codec, config = _setup(model_name, env_name, p, n, turns, reply, algo, knobs)
+    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id)
+    state = jax.eval_shape(lambda: init_train_state(config, jax.random.PRNGKey(1), model=model))
+    wall, cpu = time.perf_counter(), time.process_time()
+    compiled = step.lower(state, jax.random.PRNGKey(0)).compile()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    memory = compiled.memory_analysis()
+    gib = 2**30
+    return dict(model=model_name, B=p * n, L=buffer_length(codec, config.rollout), **knobs,
+                compile_wall=wall, compile_cpu=cpu, temp_gib=memory.temp_size_in_bytes / gib,
+                args_gib=memory.argument_size_in_bytes / gib,
+                out_gib=memory.output_size_in_bytes / gib,
+                temp_plus_args_gib=(memory.temp_size_in_bytes + memory.argument_size_in_bytes) / gib,
+                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+
+
+def bench(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
+          knobs: dict):
+    model, tok, env, codec, config = _setup(model_name, env_name, p, n, turns, reply, algo, knobs)
     kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     graphdef, params = nnx.split(model)
     roll = jax.jit(lambda prm, k: rollout(graphdef, prm, env, codec, config.rollout, k, **kw))
@@ -97,7 +131,19 @@ def main() -> None:
     parser.add_argument("--env", default="sokoban")
     parser.add_argument("--algo", default="ppo", choices=("ppo", "grpo"))
     parser.add_argument("--reply", type=int, default=100, help="reply token budget per turn")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="SmolLM2 at P=8, N=16, 5 turns: compile the step, print its memory plan")
+    parser.add_argument("--micro-batches", type=int, default=1, help="optim.micro_batches")
+    parser.add_argument("--remat", action="store_true", help="optim.remat")
+    parser.add_argument("--cache-dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="rollout.cache_dtype")
     args = parser.parse_args()
+    knobs = dict(micro_batches=args.micro_batches, remat=args.remat, cache_dtype=args.cache_dtype)
+    if args.compile_only:
+        row = compile_only("smollm2-135m-instruct", args.env, 8, 16, 5, args.reply, args.algo, knobs)
+        print(" | ".join(row))
+        print(" | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+        return
     if args.quick:
         cases = [("tiny-random", 2, 4, 2, 16)]
     else:
@@ -107,7 +153,7 @@ def main() -> None:
             "rollout", "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "peak_rss_gib")
     print(" | ".join(cols))
     for model_name, p, n, turns, reply in cases:
-        row = bench(model_name, args.env, p, n, turns, reply, args.algo)
+        row = bench(model_name, args.env, p, n, turns, reply, args.algo, knobs)
         print(" | ".join(f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c]) for c in cols),
               flush=True)
 

@@ -8,7 +8,8 @@
 Inside `step`: rollout (P x N trajectories) -> uncertainty filter on the summed env rewards
 (K of P groups kept, static shapes [K * N, L]) -> Online-k rounds of { one teacher-forced
 forward for old log-probs (and critic values), advantages from the registry, ppo_epochs x
-minibatches of AdamW updates (lax.scan) } -> a flat dict of float32 metrics. The reference
+minibatches of AdamW updates (lax.scan; a minibatch's gradient may be summed over
+optim.micro_batches row slices, for memory) } -> a flat dict of float32 metrics. The reference
 forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
 Parameters are arguments of the compiled function, never constants inside it.
 """
