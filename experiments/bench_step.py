@@ -58,10 +58,12 @@ def _setup(model_name: str, env_name: str, p: int, n: int, turns: int, reply: in
     env = envs_jax.make(env_name)
     codec = build_codec(tok, env, mode="think", max_tokens=reply, verify=20)
     config = TrainConfig(
-        algo=algo, rollout=RolloutConfig(groups=p, group_size=n, max_turns=turns, reply_tokens=reply,
-                                         cache_dtype=knobs["cache_dtype"]),
+        algo=algo,
+        rollout=RolloutConfig(groups=p, group_size=n, max_turns=turns, reply_tokens=reply,
+                              cache_dtype=knobs["cache_dtype"]),
         filter=FilterConfig(keep_ratio=0.25),
-        optim=OptimConfig(minibatches=1, micro_batches=knobs["micro_batches"], remat=knobs["remat"]))
+        optim=OptimConfig(minibatches=1, micro_batches=knobs["micro_batches"],
+                          remat=knobs["remat"]))
     return model, tok, env, codec, config
 
 
@@ -81,7 +83,8 @@ def compile_only(model_name: str, env_name: str, p: int, n: int, turns: int, rep
                 compile_wall=wall, compile_cpu=cpu, temp_gib=memory.temp_size_in_bytes / gib,
                 args_gib=memory.argument_size_in_bytes / gib,
                 out_gib=memory.output_size_in_bytes / gib,
-                temp_plus_args_gib=(memory.temp_size_in_bytes + memory.argument_size_in_bytes) / gib,
+                temp_plus_args_gib=(memory.temp_size_in_bytes
+                                    + memory.argument_size_in_bytes) / gib,
                 peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
 
 
@@ -132,7 +135,7 @@ def main() -> None:
     parser.add_argument("--algo", default="ppo", choices=("ppo", "grpo"))
     parser.add_argument("--reply", type=int, default=100, help="reply token budget per turn")
     parser.add_argument("--compile-only", action="store_true",
-                        help="SmolLM2 at P=8, N=16, 5 turns: compile the step, print its memory plan")
+                        help="SmolLM2, P=8, N=16, 5 turns: compile the step, print its memory plan")
     parser.add_argument("--micro-batches", type=int, default=1, help="optim.micro_batches")
     parser.add_argument("--remat", action="store_true", help="optim.remat")
     parser.add_argument("--cache-dtype", default="float32", choices=("float32", "bfloat16"),
@@ -140,7 +143,8 @@ def main() -> None:
     args = parser.parse_args()
     knobs = dict(micro_batches=args.micro_batches, remat=args.remat, cache_dtype=args.cache_dtype)
     if args.compile_only:
-        row = compile_only("smollm2-135m-instruct", args.env, 8, 16, 5, args.reply, args.algo, knobs)
+        row = compile_only("smollm2-135m-instruct", args.env, 8, 16, 5, args.reply, args.algo,
+                           knobs)
         print(" | ".join(row))
         print(" | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
         return

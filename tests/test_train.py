@@ -210,16 +210,17 @@ def test_micro_batches_and_remat_change_nothing(algo, agg, optim):
 
 
 @pytest.mark.parametrize("optim,match", [
-    (dict(minibatches=2, micro_batches=3), "optim.micro_batches = 3 is invalid; valid: a divisor of the 4 rows"),
+    (dict(minibatches=2, micro_batches=3),
+     "optim.micro_batches = 3 is invalid; valid: a divisor of the 4 rows"),
     (dict(micro_batches=0), "optim.micro_batches = 0 is invalid"),
     (dict(remat=1), "optim.remat = 1 is invalid; valid: True or False"),
 ])
 def test_memory_knobs_are_validated(optim, match):
     with pytest.raises(ValueError, match=match):
-        TrainConfig(rollout=RolloutConfig(groups=4, group_size=2), filter=FilterConfig(keep_ratio=1.0),
-                    optim=OptimConfig(**optim))
+        TrainConfig(rollout=RolloutConfig(groups=4, group_size=2),
+                    filter=FilterConfig(keep_ratio=1.0), optim=OptimConfig(**optim))
 
 
 def test_cache_dtype_is_validated():
-    with pytest.raises(ValueError, match="rollout.cache_dtype = 'float16' is invalid; valid: one of"):
+    with pytest.raises(ValueError, match="rollout.cache_dtype = 'float16' is invalid; valid: one"):
         RolloutConfig(cache_dtype="float16")
