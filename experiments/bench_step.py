@@ -60,7 +60,7 @@ def _setup(model_name: str, env_name: str, p: int, n: int, turns: int, reply: in
     config = TrainConfig(
         algo=algo,
         rollout=RolloutConfig(groups=p, group_size=n, max_turns=turns, reply_tokens=reply,
-                              cache_dtype=knobs["cache_dtype"]),
+                              cache_dtype=knobs["cache_dtype"], chunks=knobs["chunks"]),
         filter=FilterConfig(keep_ratio=0.25),
         optim=OptimConfig(minibatches=1, micro_batches=knobs["micro_batches"],
                           remat=knobs["remat"]))
@@ -140,8 +140,10 @@ def main() -> None:
     parser.add_argument("--remat", action="store_true", help="optim.remat")
     parser.add_argument("--cache-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="rollout.cache_dtype")
+    parser.add_argument("--rollout-chunks", type=int, default=1, help="rollout.chunks")
     args = parser.parse_args()
-    knobs = dict(micro_batches=args.micro_batches, remat=args.remat, cache_dtype=args.cache_dtype)
+    knobs = dict(micro_batches=args.micro_batches, remat=args.remat, cache_dtype=args.cache_dtype,
+                 chunks=args.rollout_chunks)
     if args.compile_only:
         row = compile_only("smollm2-135m-instruct", args.env, 8, 16, 5, args.reply, args.algo,
                            knobs)

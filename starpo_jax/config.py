@@ -73,6 +73,9 @@ class RolloutConfig:
     format_penalty: float = -0.1  # added to a turn's reward when its reply is badly formatted
     # Storage of the KV cache ("bfloat16" halves it; attention still runs in float32).
     cache_dtype: str = "float32"
+    # The train step rolls the groups out in this many sequential chunks (each with its own
+    # key): the KV cache and the sampler's buffers exist for groups / chunks groups at a time.
+    chunks: int = 1
 
     def __post_init__(self) -> None:
         o = "rollout"
@@ -85,6 +88,9 @@ class RolloutConfig:
         _int(o, "top_k", self.top_k, low=0)
         _number(o, "format_penalty", self.format_penalty, -100.0, 0.0)
         _choice(o, "cache_dtype", self.cache_dtype, CACHE_DTYPES)
+        _int(o, "chunks", self.chunks)
+        if self.groups % self.chunks:
+            _fail(o, "chunks", self.chunks, f"a divisor of rollout.groups = {self.groups}")
 
     @property
     def batch_size(self) -> int:

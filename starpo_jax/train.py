@@ -26,7 +26,7 @@ import optax
 from flax import nnx
 
 from starpo_jax import advantages as adv_lib
-from starpo_jax.config import TrainConfig
+from starpo_jax.config import RolloutConfig, TrainConfig
 from starpo_jax.filtering import gather_group_rows, select_groups
 from starpo_jax.losses import (aggregate, aggregate_normaliser, kl_penalty, policy_loss,
                                token_entropy, value_loss)
@@ -225,6 +225,23 @@ def rollout_metrics(out: Rollout, kept: Rollout, group_std: jax.Array, kept_idx:
     }
 
 
+def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
+                    config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
+                    ) -> Rollout:
+    """`rollout` of config.groups groups in config.chunks sequential pieces (lax.map), piece c
+    with key fold_in(key, c); rows stay group-major. One chunk is exactly `rollout(.., key)`."""
+    if config.chunks == 1:
+        return rollout(graphdef, params, env, codec, config, key, eos_id=eos_id, pad_id=pad_id)
+    piece = dataclasses.replace(config, groups=config.groups // config.chunks, chunks=1)
+
+    def one(c):
+        return rollout(graphdef, params, env, codec, piece, jax.random.fold_in(key, c),
+                       eos_id=eos_id, pad_id=pad_id)
+
+    outs = jax.lax.map(one, jnp.arange(config.chunks))
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outs)
+
+
 def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,
                     pad_id: int, mesh: jax.sharding.Mesh | None = None,
                     ) -> Callable[[TrainState, jax.Array], tuple[TrainState, Metrics]]:
@@ -335,8 +352,8 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
 
     def step(state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
         rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
-        out = constrain(rollout(actor_def, state.actor, env, codec, config.rollout, rollout_key,
-                                eos_id=eos_id, pad_id=pad_id))
+        out = constrain(chunked_rollout(actor_def, state.actor, env, codec, config.rollout,
+                                        rollout_key, eos_id=eos_id, pad_id=pad_id))
         selection = select_groups(out.scores_without_penalty.reshape(-1, group),
                                   config.filter.keep_ratio, config.filter.mode)
         batch = constrain(gather_group_rows(out, selection.indices, group))

@@ -143,3 +143,27 @@ def test_group_rows_share_their_first_prompt():
         rows = range(p * config.group_size, (p + 1) * config.group_size)
         starts = {tuple(tokens[r, : first_reply[r]]) for r in rows}
         assert len(starts) == 1, f"group {p}: rows do not share their first prompt"
+
+
+def test_chunked_rollout_is_its_pieces_in_group_order():
+    # groups = 4 in 2 chunks: rows [0, 8) are the first piece's rollout (key fold_in(key, 0)),
+    # rows [8, 16) the second's; a reshape in the wrong order would interleave them.
+    from starpo_jax.train import chunked_rollout
+
+    model, tok, env, codec = tiny_bandit_setup()
+    graphdef, params = nnx.split(model)
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    config = RolloutConfig(groups=4, group_size=2, max_turns=1, reply_tokens=REPLY_TOKENS,
+                           mode="nothink", chunks=2)
+    piece = RolloutConfig(groups=2, group_size=2, max_turns=1, reply_tokens=REPLY_TOKENS,
+                          mode="nothink")
+    key = jax.random.PRNGKey(4)
+    whole = jax.jit(lambda p, k: chunked_rollout(graphdef, p, env, codec, config, k, **kw))
+    one = jax.jit(lambda p, k: rollout(graphdef, p, env, codec, piece, k, **kw))
+    got = jax.device_get(whole(params, key))
+    for c in range(2):
+        want = jax.device_get(one(params, jax.random.fold_in(key, c)))
+        for name, value in vars(want).items():
+            np.testing.assert_array_equal(getattr(got, name)[4 * c: 4 * c + 4], value, name)
+    with pytest.raises(ValueError, match="rollout.chunks = 3 .*divisor of rollout.groups = 4"):
+        RolloutConfig(groups=4, chunks=3)
