@@ -20,6 +20,7 @@ Inactive rows still run through the sampler (shapes are static) but nothing of t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -231,3 +232,20 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                    turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],
                    think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],
                    success=success, num_actions=taken, effective_actions=effective)
+
+
+def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
+                    config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
+                    ) -> Rollout:
+    """`rollout` of config.groups groups in config.chunks sequential pieces (lax.map), piece c
+    with key fold_in(key, c); rows stay group-major. One chunk is exactly `rollout(.., key)`."""
+    if config.chunks == 1:
+        return rollout(graphdef, params, env, codec, config, key, eos_id=eos_id, pad_id=pad_id)
+    piece = dataclasses.replace(config, groups=config.groups // config.chunks, chunks=1)
+
+    def one(c):
+        return rollout(graphdef, params, env, codec, piece, jax.random.fold_in(key, c),
+                       eos_id=eos_id, pad_id=pad_id)
+
+    outs = jax.lax.map(one, jnp.arange(config.chunks))
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outs)

@@ -26,12 +26,12 @@ import optax
 from flax import nnx
 
 from starpo_jax import advantages as adv_lib
-from starpo_jax.config import RolloutConfig, TrainConfig
+from starpo_jax.config import TrainConfig
 from starpo_jax.filtering import gather_group_rows, select_groups
 from starpo_jax.losses import (aggregate, aggregate_normaliser, kl_penalty, policy_loss,
                                token_entropy, value_loss)
 from starpo_jax.models.decoder import Decoder
-from starpo_jax.rollout import Rollout, rollout
+from starpo_jax.rollout import Rollout, chunked_rollout
 from starpo_jax.text.codec import Codec
 
 Metrics = dict[str, jax.Array]
@@ -223,23 +223,6 @@ def rollout_metrics(out: Rollout, kept: Rollout, group_std: jax.Array, kept_idx:
         "rollout/action_is_effective": out.effective_actions.sum() / jnp.maximum(steps.sum(), 1),
         "rollout/format_penalty_rate": _mean(out.format_penalties < 0, out.turn_taken),
     }
-
-
-def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
-                    config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
-                    ) -> Rollout:
-    """`rollout` of config.groups groups in config.chunks sequential pieces (lax.map), piece c
-    with key fold_in(key, c); rows stay group-major. One chunk is exactly `rollout(.., key)`."""
-    if config.chunks == 1:
-        return rollout(graphdef, params, env, codec, config, key, eos_id=eos_id, pad_id=pad_id)
-    piece = dataclasses.replace(config, groups=config.groups // config.chunks, chunks=1)
-
-    def one(c):
-        return rollout(graphdef, params, env, codec, piece, jax.random.fold_in(key, c),
-                       eos_id=eos_id, pad_id=pad_id)
-
-    outs = jax.lax.map(one, jnp.arange(config.chunks))
-    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outs)
 
 
 def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,

@@ -22,7 +22,7 @@ from flax import nnx  # noqa: E402
 import envs_jax  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
-from starpo_jax.rollout import buffer_length, rollout  # noqa: E402
+from starpo_jax.rollout import buffer_length, chunked_rollout, rollout  # noqa: E402
 from starpo_jax.text import build_codec, reference_parse, render_conversation_text, token_byte_table  # noqa: E402
 
 REPLY_TOKENS = 4
@@ -148,8 +148,6 @@ def test_group_rows_share_their_first_prompt():
 def test_chunked_rollout_is_its_pieces_in_group_order():
     # groups = 4 in 2 chunks: rows [0, 8) are the first piece's rollout (key fold_in(key, 0)),
     # rows [8, 16) the second's; a reshape in the wrong order would interleave them.
-    from starpo_jax.train import chunked_rollout
-
     model, tok, env, codec = tiny_bandit_setup()
     graphdef, params = nnx.split(model)
     kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
