@@ -51,6 +51,12 @@ class TextEnv(Environment[State, specs.DiscreteArray, Observation], Generic[Stat
             raise ValueError(f"render_text takes one unbatched state; got symbols of shape {ids.shape}")
         return "\n".join("".join(self.symbol_strings[i] for i in row) for row in ids)
 
+    def symbol_grids(self) -> np.ndarray | None:
+        """Every grid `render_symbols` can return, int32 [K, R, C], for envs with few of them
+        (the text layer then sizes prompts by the longest instead of by the longest symbol in
+        every cell); None (the default) when any grid of the symbols may occur."""
+        return None
+
     def reset_from_text(self, text: str, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
         """Builds a state from a grid in `render_text`'s format (custom levels, tests)."""
         raise NotImplementedError(f"{type(self).__name__} has no text levels")

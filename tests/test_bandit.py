@@ -138,3 +138,21 @@ def test_instructions_name_no_arm(name):
     env = envs_jax.make(name)
     assert env.low_name not in env.instructions and env.high_name not in env.instructions
     assert "Your available actions are:" in env.instructions
+
+
+@pytest.mark.parametrize("name", ["bandit", "bandit_rev", "bandit_test"])
+def test_symbol_grids_list_every_rendering(name):
+    """symbol_grids (which sizes the prompts) lists exactly the grids that reset and step
+    render: a grid missing from it would be cut short in the prompt."""
+    env = envs_jax.make(name)
+
+    def seen(key):
+        state, first = env.reset(key)
+        low = env.step(state, jnp.int32(LOW))[1].observation.symbols
+        high = env.step(state, jnp.int32(HIGH))[1].observation.symbols
+        return jnp.stack([first.observation.symbols, low, high])
+
+    reached = np.asarray(jax.jit(jax.vmap(seen))(jax.random.split(KEY, 2000)))
+    reached = {g.tobytes() for g in reached.reshape(-1, *reached.shape[-2:]).astype(np.int32)}
+    listed = {g.tobytes() for g in env.symbol_grids()}
+    assert reached == listed and len(listed) == 5

@@ -75,3 +75,30 @@ def test_symbol_the_tokenizer_cannot_render_is_named(qwen_style_tok):
     decomposed = "e\u0301"  # NFC (the Qwen-style normalizer) turns it into one char
     with pytest.raises(ValueError, match=decomposed):
         bk.build_block(qwen_style_tok, [bk.grid_slot(("#", decomposed), 2, 2)])
+
+
+@pytest.mark.parametrize("name", ["bandit", "bandit_test"])
+def test_listed_grids_size_the_region_exactly(tok, envs, name):
+    """An env that lists its grids gets regions as wide as its longest rendering (not the
+    byte bound), and every listed grid still renders exactly as the tokenizer encodes it."""
+    env, (rows, cols) = envs[name]
+    grids = env.symbol_grids()
+    listed = bk.build_block(tok, ["State:\n", bk.grid_slot(env.symbol_strings, rows, cols, grids),
+                                  "\nEnd"], verify=bk.VERIFY_ROWS)
+    generic = bk.build_block(tok, ["State:\n", bk.grid_slot(env.symbol_strings, rows, cols),
+                                   "\nEnd"], verify=bk.VERIFY_ROWS)
+    texts = ["State:\n" + symbol_text(env.symbol_strings, g) + "\nEnd" for g in grids]
+    want = tok(texts, add_special_tokens=False)["input_ids"]
+    ids, lengths = jax.device_get(jax.vmap(lambda g: listed.encode(
+        {"state": bk.flatten_grid(g, len(env.symbol_strings))}))(grids))
+    assert [row[:n].tolist() for row, n in zip(ids, lengths)] == want
+    assert ids.shape[1] == max(map(len, want))  # padded to the longest rendering, no more
+    assert ids.shape[1] < generic.encode({"state": bk.flatten_grid(
+        grids[0], len(env.symbol_strings))})[0].shape[0] - 100
+
+
+def test_bad_symbol_grids_are_named():
+    with pytest.raises(ValueError, match=r"expected \[K > 0, 1, 3\]"):
+        bk.grid_slot(("a", "b"), 1, 3, np.zeros((2, 1, 4), np.int32))
+    with pytest.raises(ValueError, match=r"outside \[0, 2\)"):
+        bk.grid_slot(("a", "b"), 1, 3, np.full((2, 1, 3), 2, np.int32))

@@ -8,6 +8,7 @@ from functools import cached_property
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jumanji import specs
 from jumanji.types import StepType, TimeStep
 
@@ -149,27 +150,37 @@ class Bandit(TextEnv[State, Observation]):
         return state, timestep.replace(observation=Observation(symbols=self.render_symbols(state)))
 
     @cached_property
-    def _states_by_text(self) -> dict[str, tuple[int | None, int, int]]:
-        """Every text this env renders -> (order or None if not shown, pulled, payout)."""
+    def _states_by_case(self) -> dict[tuple[int | None, int, int], State]:
+        """(order or None if not shown, pulled, payout) -> a state: every rendering, once."""
         cases = [(order, t.NOT_PULLED, t.PAID_LOW) for order in (0, 1)]
         cases += [(None, t.LOW, t.PAID_LOW)]
         cases += [(None, t.HIGH, paid) for paid in (t.PAID_HIGH_WIN, t.PAID_HIGH_MISS)]
-        texts = {}
-        for order, pulled, payout in cases:
-            state = State(
+        return {
+            (order, pulled, payout): State(
                 order=jnp.int32(order or 0),
                 pulled=jnp.int32(pulled),
                 payout=jnp.int32(payout),
                 step_count=jnp.int32(0),
                 key=jax.random.PRNGKey(0),
             )
-            text = symbol_text(self.symbol_strings, self.render_symbols(state))
-            texts[text] = (order, pulled, payout)
-        return texts
+            for order, pulled, payout in cases
+        }
 
-    def _restart(
-        self, order: chex.Array, key: chex.PRNGKey
-    ) -> tuple[State, TimeStep[Observation]]:
+    @cached_property
+    def _states_by_text(self) -> dict[str, tuple[int | None, int, int]]:
+        """Every text this env renders -> (order or None if not shown, pulled, payout)."""
+        return {
+            symbol_text(self.symbol_strings, self.render_symbols(state)): case
+            for case, state in self._states_by_case.items()
+        }
+
+    def symbol_grids(self) -> np.ndarray:
+        """The five grids a bandit renders: two menus (arm order), three pull results."""
+        return np.stack(
+            [np.asarray(self.render_symbols(s)) for s in self._states_by_case.values()]
+        ).astype(np.int32)
+
+    def _restart(self, order: chex.Array, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
         state = State(
             order=order,
             pulled=jnp.int32(t.NOT_PULLED),

@@ -46,12 +46,15 @@ _WHOLE_WIDTH = len(str(int(MAX_REWARD)))
 class Slot:
     """A dynamic part of a block: its alphabet and a sampler of random symbol rows.
 
-    sample(rng) -> [N] int32 ids into `symbols` (N fixed per slot).
+    sample(rng) -> [N] int32 ids into `symbols` (N fixed per slot). fillings: optionally every
+    row the slot can hold, [K, N]; the region's token width is then the most tokens any of them
+    takes instead of a bound from bytes (bandit menus: ~200 tokens fewer per prompt).
     """
 
     name: str
     symbols: tuple[str, ...]
     sample: Callable[[np.random.Generator], np.ndarray]
+    fillings: np.ndarray | None = None
 
 
 def int_symbols(value: jax.Array) -> jax.Array:
@@ -114,17 +117,31 @@ def sample_reward(rng: np.random.Generator) -> np.ndarray:
     return _spell(format_reward(value), _WHOLE_WIDTH + 4)
 
 
-def grid_slot(symbol_strings: tuple[str, ...], rows: int, cols: int) -> Slot:
-    """The observation: rows x cols symbol ids, rows joined by "\\n" (the env contract)."""
+def grid_slot(
+    symbol_strings: tuple[str, ...], rows: int, cols: int, grids: np.ndarray | None = None
+) -> Slot:
+    """The observation: rows x cols symbol ids, rows joined by "\\n" (the env contract).
+
+    grids: every [rows, cols] grid the env renders ([K, rows, cols], `TextEnv.symbol_grids`),
+    or None when any grid may occur; given, they are the slot's fillings and its samples.
+    """
     symbols = (*symbol_strings, "\n")
 
-    def sample(rng: np.random.Generator) -> np.ndarray:
-        grid = rng.integers(0, len(symbol_strings), (rows, cols))
-        return np.concatenate([grid, np.full((rows, 1), len(symbol_strings))], axis=1).reshape(-1)[
-            :-1
-        ]
+    def flat(grid: np.ndarray) -> np.ndarray:
+        newline = np.full((rows, 1), len(symbol_strings))
+        return np.concatenate([grid, newline], axis=1).reshape(-1)[:-1]
 
-    return Slot("state", symbols, sample)
+    if grids is None:
+        return Slot(
+            "state", symbols, lambda rng: flat(rng.integers(0, len(symbol_strings), (rows, cols)))
+        )
+    grids = np.asarray(grids, np.int32)
+    if grids.ndim != 3 or grids.shape[1:] != (rows, cols) or not len(grids):
+        raise ValueError(f"symbol grids of shape {grids.shape}; expected [K > 0, {rows}, {cols}]")
+    if grids.min() < 0 or grids.max() >= len(symbol_strings):
+        raise ValueError(f"symbol grids hold ids outside [0, {len(symbol_strings)})")
+    fillings = np.stack([flat(g) for g in grids])
+    return Slot("state", symbols, lambda rng: fillings[rng.integers(len(fillings))], fillings)
 
 
 def flatten_grid(grid: jax.Array, newline: int) -> jax.Array:
@@ -157,7 +174,8 @@ class Block(flax.struct.PyTreeNode):
     static: tuple[tuple[int, ...], ...] = flax.struct.field(pytree_node=False)
     slot_names: tuple[str, ...] = flax.struct.field(pytree_node=False)
     slot_widths: tuple[int, ...] = flax.struct.field(pytree_node=False)
-    max_tokens: tuple[int, ...] = flax.struct.field(pytree_node=False)
+    max_tokens: tuple[int, ...] = flax.struct.field(pytree_node=False)  # output width per region
+    region_bytes: tuple[int, ...] = flax.struct.field(pytree_node=False)  # BPE work width
 
     def encode(self, slots: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """{slot name: [width] int32 symbol ids} -> (ids [T] int32 (-1 pad), length [] int32)."""
@@ -170,7 +188,7 @@ class Block(flax.struct.PyTreeNode):
             ]
         )
         ids, lengths = jax.vmap(encode_region, in_axes=(0, 0, None))(
-            self.tables, rows, max(self.max_tokens)
+            self.tables, rows, max(self.region_bytes)
         )
         pieces = []
         for i, static in enumerate(self.static):
@@ -247,7 +265,7 @@ def build_block(
                     f"{text!r}; this tokenizer cannot render it exactly"
                 )
     statics: list[str] = [p for p in parts if isinstance(p, str)]
-    tables, widths, most = [], [], []
+    tables, widths, most, region_bytes = [], [], [], []
     for i, slot in enumerate(slots):
         lw, rw = widen[i]
         if lw + (widen[i - 1][1] if i else 0) > len(statics[i]) or rw > len(statics[i + 1]):
@@ -256,7 +274,14 @@ def build_block(
         right_text = statics[i + 1][:rw]
         tables.append(build_symbol_bpe(tokenizer, slot.symbols, left_text, right_text))
         widths.append(len(slot.sample(rng)))
-        most.append(max_tokens(slot.symbols, left_text, right_text, widths[-1]))
+        region_bytes.append(max_tokens(slot.symbols, left_text, right_text, widths[-1]))
+        if slot.fillings is None:
+            most.append(region_bytes[-1])
+        else:  # the region's edges are cuts: its tokens are encode(region text), verified below
+            texts = [
+                left_text + "".join(slot.symbols[i] for i in f) + right_text for f in slot.fillings
+            ]
+            most.append(max(map(len, _encode_many(tokenizer, texts))))
     trimmed = []
     for i, text in enumerate(statics):
         start = widen[i - 1][1] if i else 0
@@ -270,6 +295,7 @@ def build_block(
         slot_names=tuple(s.name for s in slots),
         slot_widths=tuple(widths),
         max_tokens=tuple(most),
+        region_bytes=tuple(region_bytes),
     )
     _verify(tokenizer, block, parts, slots, rng, verify)
     return block
@@ -326,7 +352,13 @@ def _verify(
     """Checks the block on `count` (rounded up to VERIFY_ROWS) random fillings; raises on a
     mismatch."""
     count = -(-max(count, 1) // VERIFY_ROWS) * VERIFY_ROWS
-    fills = [{s.name: s.sample(rng) for s in slots} for _ in range(count)]
+    fills = [
+        {
+            s.name: s.sample(rng) if s.fillings is None else s.fillings[row % len(s.fillings)]
+            for s in slots
+        }
+        for row in range(count)
+    ]  # every filling of a slot that lists them (up to `count`), random rows otherwise
     regions = [
         _region_tokens(block, g, np.stack([f[s.name] for f in fills])) for g, s in enumerate(slots)
     ]

@@ -172,7 +172,8 @@ def build_codec(
         lambda key: env.render_symbols(env.reset(key)[0]), jax.random.PRNGKey(0)
     ).shape
     symbols = tuple(env.symbol_strings)
-    state = bk.grid_slot(symbols, rows, cols)
+    grids = getattr(env, "symbol_grids", lambda: None)()  # TextEnv: None = any grid
+    state = bk.grid_slot(symbols, rows, cols, grids)
     number = lambda name, sample: bk.Slot(name, bk.NUMBER_SYMBOLS, sample)  # noqa: E731
     turn, left = number("turn", bk.sample_int), number("actions_left", bk.sample_int)
     reward = number("reward", bk.sample_reward)
