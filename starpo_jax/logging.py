@@ -21,8 +21,10 @@ from typing import Mapping, Protocol, TextIO
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 # Shown on the console line, in this order, when present.
-CONSOLE_KEYS = ("train/success", "rollout/reward_mean", "rollout/reward_std", "actor/entropy",
-                "actor/grad_norm", "critic/vf_loss")
+CONSOLE_KEYS = ("train/success", "rollout/action_is_valid", "rollout/reward_mean",
+                "rollout/reward_std", "actor/entropy", "actor/grad_norm", "critic/vf_loss")
+# Summarised when a process ends: mean over its first third of steps -> over its last third.
+TREND_KEYS = CONSOLE_KEYS[:4] + ("actor/entropy",)
 
 
 class MetricWriter(Protocol):
@@ -77,7 +79,8 @@ class ConsoleProgress:
     """A line every `every` steps: step/total, percent, s/step, ETA and the key metrics.
 
     The first step of a process includes compilation: it is always shown, with its own time,
-    and the rate (and ETA) counts only the steps after it.
+    and the rate (and ETA) counts only the steps after it. `close` prints the elapsed time and,
+    after 3 steps or more, `trend_line`: did the run learn?
     """
 
     def __init__(self, total_steps: int, first_step: int = 0, every: int = 1,
@@ -85,9 +88,11 @@ class ConsoleProgress:
         self._total, self._first, self._every, self._stream = total_steps, first_step, every, stream
         self._start = time.perf_counter()
         self._after_first: tuple[int, float] | None = None
+        self._history: list[tuple[int, dict[str, float]]] = []
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         now = time.perf_counter()
+        self._history.append((step, {k: float(metrics[k]) for k in TREND_KEYS if k in metrics}))
         if self._after_first is None:
             self._after_first = (step, now)
             timing = f"{now - self._start:.1f}s incl. compile"
@@ -104,6 +109,26 @@ class ConsoleProgress:
     def close(self) -> None:
         elapsed = format_duration(time.perf_counter() - self._start)
         print(f"done in {elapsed} (this process)", file=self._stream, flush=True)
+        trend = trend_line(self._history)
+        if trend:
+            print(trend, file=self._stream, flush=True)
+
+
+def trend_line(history: list[tuple[int, Mapping[str, float]]]) -> str:
+    """"trend, steps 1-4 -> 9-12: success 0.06 -> 0.41, ..." from (step, metrics) pairs: each
+    key's mean over the first third of the steps and over the last third ("" under 3 steps)."""
+    third = len(history) // 3
+    if third == 0:
+        return ""
+    head, tail = history[:third], history[-third:]
+    parts = []
+    for key in TREND_KEYS:
+        if all(key in m for _, m in head + tail):
+            before = sum(m[key] for _, m in head) / third
+            after = sum(m[key] for _, m in tail) / third
+            parts.append(f"{key.split('/')[-1]} {before:.3g} -> {after:.3g}")
+    steps = f"steps {head[0][0]}-{head[-1][0]} -> {tail[0][0]}-{tail[-1][0]}"
+    return f"trend, {steps}: " + ", ".join(parts) if parts else ""
 
 
 class Writers:

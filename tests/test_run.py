@@ -4,6 +4,7 @@ config mistakes reported before anything loads)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
-from starpo_jax.logging import JsonlWriter, format_duration  # noqa: E402
+from starpo_jax.logging import ConsoleProgress, JsonlWriter, format_duration, trend_line  # noqa: E402,E501
 from test_api import ISSUE_METRICS, tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +99,29 @@ def test_jsonl_resume_drops_lines_after_the_checkpoint(tmp_path):
 @pytest.mark.parametrize("seconds, text", [(0, "0:00:00"), (59.6, "0:01:00"), (3725, "1:02:05")])
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
+
+
+def test_trend_line_compares_first_and_last_thirds():
+    history = [(s, {"train/success": s / 10, "rollout/reward_std": 1.0})
+               for s in range(1, 8)]  # 7 steps: thirds of 2
+    assert trend_line(history) == ("trend, steps 1-2 -> 6-7: success 0.15 -> 0.65, "
+                                   "reward_std 1 -> 1")
+    assert trend_line(history[:2]) == ""
+    # A key missing from any averaged step is left out rather than averaged over fewer steps.
+    history[0] = (1, {"train/success": 0.1})
+    assert "reward_std" not in trend_line(history)
+
+
+def test_console_progress_ends_with_the_trend():
+    out = io.StringIO()
+    progress = ConsoleProgress(total_steps=3, stream=out)
+    for step in (1, 2, 3):
+        progress.write(step, {"train/success": step / 4, "rollout/action_is_valid": 1.0})
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("step 1/3 [ 33%]") and "success=0.25 action_is_valid=1" in lines[0]
+    assert lines[-1] == ("trend, steps 1-1 -> 3-3: success 0.25 -> 0.75, "
+                         "action_is_valid 1 -> 1")
 
 
 @pytest.mark.parametrize("argv, expected", [
