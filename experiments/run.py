@@ -63,7 +63,7 @@ RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints
 
 # The collapse monitor's settings, and filter.keep_ratio so that a run stopped by its
 # "raise_filter" action goes on with the suggested value (the steps after the resume change).
-RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio")
+RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio", "check_memory")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
                                           "experiments/configs/).", lock_config=True)
@@ -209,13 +209,15 @@ def _main(argv: list[str]) -> None:
         say(f"{processes} processes, {jax.device_count()} devices", flush=True)
     say(f"config {flags.FLAGS['config'].config_filename} -> {_WORKDIR.value}", flush=True)
     exp = api.build(config)
+    if config.check_memory:
+        say(f"train step compiled: {api.check_memory(exp, any_process)}", flush=True)
     with stop_on_signals() as stop:
         done = train(exp, Path(_WORKDIR.value), resume=_RESUME.value, stop=stop)
     say(f"{done}/{config.steps} steps; workdir {_WORKDIR.value}", flush=True)
 
 
 def main() -> None:
-    cli.run_app(_main, resolve_config_arg(sys.argv))
+    cli.run_app(_main, resolve_config_arg(sys.argv), errors=(ValueError, MemoryError))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import envs_jax
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,
                                RolloutConfig, TrainConfig)
 from starpo_jax.evaluation import MODES, EvalConfig, Evaluator, default_eval_envs
+from starpo_jax.memory import MemoryPlan, step_plan
 from starpo_jax.models import load_pretrained
 from starpo_jax.monitor import MonitorConfig
 from starpo_jax.sharding import make_mesh, shard_state
@@ -69,6 +70,8 @@ def default_config() -> ConfigDict:
     "greedy" and/or "sampled" (at eval.temperature, eval.pass_k rollouts per initial state).
     mesh.tp: the tensor-parallel size when the run sees several devices (starpo_jax.sharding:
     every device of every process, len(jax.devices()) // tp of them on "fsdp").
+    check_memory: experiments/run.py compiles the step first and stops, naming the settings
+    that shrink it, if XLA's memory plan exceeds the free memory (starpo_jax.memory).
     """
     c = ConfigDict()
     c.seed = 0
@@ -92,6 +95,7 @@ def default_config() -> ConfigDict:
                          "temperature": 0.5, "samples": 4})
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
+    c.check_memory = True
     c.monitor = ConfigDict(dataclasses.asdict(MonitorConfig()))
     return c
 
@@ -154,7 +158,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
         _require(name, value, _is_int(value, low), f"an int >= {low}")
     for name in ("eval_every", "sample_every"):
         _require(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
-    for name in ("vanilla", "nothink"):
+    for name in ("vanilla", "nothink", "check_memory"):
         _require(name, full[name], isinstance(full[name], bool), "True or False")
     _require("model.source", full.model.source, isinstance(full.model.source, str) and
              bool(full.model.source), "'smollm2-135m-instruct', 'tiny-random', a .gguf path or a "
@@ -270,6 +274,36 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
                      state=None, train_step=step, key=key, init_key=init_key, mesh=mesh)
     exp.state = exp.fresh_state()
     return exp
+
+
+def memory_plan(exp: Experiment) -> MemoryPlan:
+    """Compiles `exp`'s step (its first call then reuses the executable) and sizes XLA's memory
+    plan against the free memory of the devices it runs on (starpo_jax.memory)."""
+    return step_plan(exp.train_step, exp.state, exp.key)
+
+
+def shrink_hint(train: TrainConfig) -> str:
+    """The settings that make a step need less memory, with their values in `train`."""
+    o, r = train.optim, train.rollout
+    rows = train.kept_groups * r.group_size // o.minibatches
+    return (f"Settings that shrink it: optim.micro_batches (now {o.micro_batches}; a divisor of "
+            f"the {rows} rows of a mini-batch), optim.remat=True (now {o.remat}), "
+            f"rollout.cache_dtype='bfloat16' (now {r.cache_dtype!r}), rollout.chunks (now "
+            f"{r.chunks}; a divisor of rollout.groups = {r.groups}), optim.minibatches (now "
+            f"{o.minibatches}), or smaller rollout.groups / group_size / reply_tokens / "
+            "max_turns. check_memory=False runs it anyway.")
+
+
+def check_memory(exp: Experiment, anywhere: Callable[[bool], bool] = bool) -> MemoryPlan:
+    """memory_plan(exp); raises MemoryError, naming the settings that shrink the step, when it
+    does not fit. Returns the plan. anywhere(flag): whether flag is set on any process
+    (starpo_jax.distributed.any_process in multi-process runs, so that all stop together)."""
+    plan = memory_plan(exp)
+    if anywhere(not plan.fits):
+        here = str(plan) if not plan.fits else f"on another process (this one: {plan})"
+        raise MemoryError(f"the compiled train step would not fit: {here}. "
+                          f"{shrink_hint(exp.train)}")
+    return plan
 
 
 def build_evaluator(exp: Experiment) -> Evaluator:
