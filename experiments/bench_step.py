@@ -8,12 +8,13 @@
 prints compile wall and CPU seconds, XLA's memory_analysis (temporaries, arguments, outputs:
 temp + arguments is what the step needs resident) and the process's peak RSS.
 
-Phases are timed as separately compiled programs on the same inputs: the rollout, the old
-log-probs (one teacher-forced forward of the kept rows, plus the critic's for PPO), and the
+Every program is compiled ahead of time and run once (compile and run are timed apart). Phases
+are timed as separately compiled programs on the same inputs: the rollout, the old log-probs (one teacher-forced forward of the kept rows, plus the critic's for PPO), and the
 whole step; "update" is step - rollout - old log-probs. Tokens/s counts every token in the
 buffers (prompts, env messages, replies) per second of the whole step; generated tokens/s
 counts sampled tokens per second of the rollout. Peak RSS is the process's
-(resource.getrusage), so it includes loading the model. A large f32 matmul is timed in the same
+(resource.getrusage) right after the whole step (before the phases run alone), so it includes
+loading the model and compiling. A large f32 matmul is timed in the same
 run as the machine's reference (GFLOP/s).
 """
 
@@ -88,49 +89,58 @@ def compile_only(model_name: str, env_name: str, p: int, n: int, turns: int, rep
                 peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
 
 
+def _compile_and_run(fn, *args):
+    """AOT-compiles fn for args, then runs it once: (output, compile seconds, run seconds)."""
+    start = time.perf_counter()
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    compiled = jitted.lower(*args).compile()
+    compile_time = time.perf_counter() - start
+    out, run_time = _timed(compiled, *args)
+    return out, compile_time, run_time
+
+
 def bench(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
           knobs: dict):
+    """The whole step, then the rollout and the old log-probs alone; each compiled ahead of time
+    and run once on the same key (a SmolLM2 step takes tens of minutes on a 2-core CPU)."""
     model, tok, env, codec, config = _setup(model_name, env_name, p, n, turns, reply, algo, knobs)
     kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    graphdef, params = nnx.split(model)
-    roll = jax.jit(lambda prm, k: rollout(graphdef, prm, env, codec, config.rollout, k, **kw))
     key = jax.random.PRNGKey(0)
-    start = time.perf_counter()
-    out = jax.block_until_ready(roll(params, key))
-    roll_compile = time.perf_counter() - start
-    out, roll_time = _timed(roll, params, key)
-
-    slots = turns * reply
-    rows = config.kept_groups * n
-    forward = jax.jit(lambda prm, t, ln, m: sequence_logprobs(nnx.merge(graphdef, prm), t, ln, m,
-                                                              slots, min(128, slots)))
-    args = (out.tokens[:rows], out.lengths[:rows], out.loss_mask[:rows])
-    jax.block_until_ready(forward(params, *args))
-    _, forward_time = _timed(forward, params, *args)
-    if algo == "ppo":
-        forward_time *= 2  # the critic's forward costs the same trunk again
 
     step = make_train_step(config, env, codec, model=model, **kw)
     state = init_train_state(config, jax.random.PRNGKey(1), model=model)
-    start = time.perf_counter()
-    lowered = step.lower(state, key)
-    compiled = lowered.compile()
-    step_compile = time.perf_counter() - start
-    state, metrics = jax.block_until_ready(compiled(state, key))
-    state, step_time = _timed(compiled, state, key)
+    (state, metrics), step_compile, step_time = _compile_and_run(step, state, key)
+    step_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    del state, metrics
+
+    graphdef, params = nnx.split(model)
+    out, roll_compile, roll_time = _compile_and_run(
+        lambda prm, k: rollout(graphdef, prm, env, codec, config.rollout, k, **kw), params, key)
+
+    slots = turns * reply
+    rows = config.kept_groups * n
+    args = (out.tokens[:rows], out.lengths[:rows], out.loss_mask[:rows])
+    _, _, forward_time = _compile_and_run(
+        lambda prm, t, ln, m: sequence_logprobs(nnx.merge(graphdef, prm), t, ln, m, slots,
+                                                min(128, slots)), params, *args)
+    if algo == "ppo":
+        forward_time *= 2  # the critic's forward costs the same trunk again
     buffered = int(out.lengths.sum())
     generated = int(out.reply_lengths.sum())
-    return dict(model=model_name, env=env_name, algo=algo, B=p * n, L=buffer_length(codec, config.rollout),
-                turns=turns, reply=reply, compile_step=step_compile, compile_rollout=roll_compile,
-                rollout=roll_time, old_logprobs=forward_time,
+    return dict(model=model_name, env=env_name, algo=algo, B=p * n,
+                L=buffer_length(codec, config.rollout), turns=turns, reply=reply,
+                compile_step=step_compile, compile_rollout=roll_compile, rollout=roll_time,
+                old_logprobs=forward_time,
                 update=max(step_time - roll_time - forward_time, 0.0), step=step_time,
                 tok_s=buffered / step_time, gen_tok_s=generated / roll_time,
-                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+                peak_rss_gib=step_rss)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny-random only, small batch")
+    parser.add_argument("--model", default=None,
+                        help="only this model (tiny-random or smollm2-135m-instruct)")
     parser.add_argument("--env", default="sokoban")
     parser.add_argument("--algo", default="ppo", choices=("ppo", "grpo"))
     parser.add_argument("--reply", type=int, default=100, help="reply token budget per turn")
@@ -153,7 +163,8 @@ def main() -> None:
     if args.quick:
         cases = [("tiny-random", 2, 4, 2, 16)]
     else:
-        cases = [("tiny-random", 8, 16, 5, args.reply), ("smollm2-135m-instruct", 8, 16, 5, args.reply)]
+        cases = [(m, 8, 16, 5, args.reply) for m in ("tiny-random", "smollm2-135m-instruct")
+                 if args.model in (None, m)]
     print(f"devices: {jax.devices()}; f32 matmul reference: {matmul_gflops():.1f} GFLOP/s")
     cols = ("model", "env", "algo", "B", "L", "turns", "reply", "compile_step", "compile_rollout",
             "rollout", "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "peak_rss_gib")
