@@ -97,6 +97,21 @@ def test_config_files(env, algo):
     assert train.rollout.max_turns == (1 if env == "bandit" else 5)
 
 
+def test_readme_main_command_names_a_valid_config():
+    """The quickstart's first command (README) points at a config file that validates:
+    StarPO-S with the embedded model, sized for a CPU."""
+    readme = (CONFIG_DIR.parents[1] / "README.md").read_text()
+    name = readme.split("python experiments/run.py --config ", 1)[1].split()[0]
+    spec = importlib.util.spec_from_file_location("cfg", CONFIG_DIR / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    train = api.train_config(config)
+    assert config.model.source == "smollm2-135m-instruct"
+    assert train.filter.keep_ratio < 1 and train.loss.kl_coef == 0, "StarPO-S"
+    assert train.rollout.groups * train.rollout.group_size <= 32 and config.steps <= 20
+
+
 def test_train_config_round_trip():
     train = TrainConfig(algo="ppo", rollout=RolloutConfig(groups=3, group_size=2, mode="nothink"),
                         loss=LossConfig(dual_clip=None, kl_coef=0.05))
