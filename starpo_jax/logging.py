@@ -24,7 +24,8 @@ TENSORBOARD_DIR = "tensorboard"
 CONSOLE_KEYS = ("train/success", "rollout/action_is_valid", "rollout/reward_mean",
                 "rollout/reward_std", "actor/entropy", "actor/grad_norm", "critic/vf_loss")
 # Summarised when a process ends: mean over its first third of steps -> over its last third.
-TREND_KEYS = CONSOLE_KEYS[:4] + ("actor/entropy",)
+TREND_KEYS = ("train/success", "rollout/action_is_valid", "rollout/reward_mean",
+              "rollout/reward_std", "actor/entropy")
 
 
 class MetricWriter(Protocol):
