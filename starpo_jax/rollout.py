@@ -30,6 +30,7 @@ from flax import nnx
 
 from starpo_jax.config import RolloutConfig
 from starpo_jax.models.cache import KVCache
+from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.sampling import SamplingOptions, generate_pure
 from starpo_jax.text.codec import Codec
 from starpo_jax.text.parse import stop_strings
@@ -236,16 +237,18 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
 
 def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                     config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
-                    ) -> Rollout:
+                    clock: PhaseClock | None = None) -> Rollout:
     """`rollout` of config.groups groups in config.chunks sequential pieces (lax.map), piece c
-    with key fold_in(key, c); rows stay group-major. One chunk is exactly `rollout(.., key)`."""
+    with key fold_in(key, c); rows stay group-major. One chunk is exactly `rollout(.., key)`.
+    With a clock, clock("rollout_chunk", c) runs on the host as piece c ends (phases.py)."""
     if config.chunks == 1:
         return rollout(graphdef, params, env, codec, config, key, eos_id=eos_id, pad_id=pad_id)
     piece = dataclasses.replace(config, groups=config.groups // config.chunks, chunks=1)
 
     def one(c):
-        return rollout(graphdef, params, env, codec, piece, jax.random.fold_in(key, c),
-                       eos_id=eos_id, pad_id=pad_id)
+        out = rollout(graphdef, params, env, codec, piece, jax.random.fold_in(key, c),
+                      eos_id=eos_id, pad_id=pad_id)
+        return mark(clock, "rollout_chunk", out, c)
 
     outs = jax.lax.map(one, jnp.arange(config.chunks))
     return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outs)

@@ -31,6 +31,7 @@ from starpo_jax.filtering import gather_group_rows, select_groups
 from starpo_jax.losses import (aggregate, aggregate_normaliser, kl_penalty, policy_loss,
                                token_entropy, value_loss)
 from starpo_jax.models.decoder import Decoder
+from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.rollout import Rollout, chunked_rollout
 from starpo_jax.text.codec import Codec
 
@@ -216,6 +217,7 @@ def rollout_metrics(out: Rollout, kept: Rollout, group_std: jax.Array, kept_idx:
         "rollout/in_group_std_mean": group_std.mean(), "rollout/in_group_std_max": group_std.max(),
         "rollout/chosen_in_group_std": group_std[kept_idx].mean(),
         "rollout/response_length": _mean(out.reply_lengths, out.turn_taken),
+        "rollout/sequence_length": out.lengths.mean(),  # buffer tokens: prompts, env text, replies
         "rollout/think_length": _mean(out.think_tokens, out.turn_taken),
         "rollout/num_turns": turns.mean(),
         "rollout/num_actions": steps.mean(),
@@ -227,12 +229,16 @@ def rollout_metrics(out: Rollout, kept: Rollout, group_std: jax.Array, kept_idx:
 
 def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,
                     pad_id: int, mesh: jax.sharding.Mesh | None = None,
+                    phase_clock: PhaseClock | None = None,
                     ) -> Callable[[TrainState, jax.Array], tuple[TrainState, Metrics]]:
     """The compiled step(train_state, key) -> (train_state, metrics); see the module docstring.
 
     codec must be built for this env and tokenizer with config.rollout's mode,
     max_actions_per_turn and reply_tokens (as max_tokens). With `mesh`, the step is jitted with
     the partition rules of `sharding.py` (batch over "fsdp", weights by logical axes).
+    With `phase_clock`, the host is told as each phase ends (phases.py): "rollout_chunk" (index
+    c, when rollout.chunks > 1), "rollout", "reference_logprobs" (kl_coef > 0), then per Online-k
+    round "old_logprobs" (with the critic's values) and "update".
     """
     cfg, opt = config, config.optim
     ppo = config.algo == "ppo"
@@ -315,6 +321,7 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
         if ppo:
             values = sequence_values(nnx.merge(critic_def, state.critic), batch.tokens,
                                      batch.lengths)
+        old_logp, entropy, values = mark(phase_clock, "old_logprobs", (old_logp, entropy, values))
         advantages, returns = _advantages(config, batch, values)
         data = {"rollout": batch, "old_logp": old_logp, "advantages": advantages}
         if ppo:
@@ -329,6 +336,7 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
             return jax.lax.scan(minibatch_update, state, jax.tree.map(split, data))
 
         state, aux = jax.lax.scan(epoch, state, jax.random.split(key, opt.ppo_epochs))
+        state = mark(phase_clock, "update", state)
         aux = jax.tree.map(jnp.mean, aux)
         aux["actor/entropy"] = aggregate(entropy, batch.loss_mask)
         return state, aux
@@ -336,13 +344,16 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
     def step(state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
         rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
         out = constrain(chunked_rollout(actor_def, state.actor, env, codec, config.rollout,
-                                        rollout_key, eos_id=eos_id, pad_id=pad_id))
+                                        rollout_key, eos_id=eos_id, pad_id=pad_id,
+                                        clock=phase_clock))
+        out = mark(phase_clock, "rollout", out)
         selection = select_groups(out.scores_without_penalty.reshape(-1, group),
                                   config.filter.keep_ratio, config.filter.mode)
         batch = constrain(gather_group_rows(out, selection.indices, group))
         ref_logp = None
         if config.loss.kl_coef > 0:
-            ref_logp = logprobs(state.reference, batch)[0]
+            ref_logp = mark(phase_clock, "reference_logprobs",
+                            logprobs(state.reference, batch)[0])
 
         def round_(state, round_key):
             return update_round(state, round_key, batch, ref_logp)

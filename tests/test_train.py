@@ -224,3 +224,29 @@ def test_memory_knobs_are_validated(optim, match):
 def test_cache_dtype_is_validated():
     with pytest.raises(ValueError, match="rollout.cache_dtype = 'float16' is invalid; valid: one"):
         RolloutConfig(cache_dtype="float16")
+
+
+def test_phase_clock_marks_each_phase_in_order_and_changes_nothing():
+    """The host hears of each phase as it ends, in the program's order, once per Online-k round;
+    the marked step's state and metrics are the unmarked step's, bit for bit."""
+    setup = tiny_bandit_setup()
+    config = TrainConfig(
+        algo="ppo",
+        rollout=RolloutConfig(groups=4, group_size=2, max_turns=1, reply_tokens=REPLY_TOKENS,
+                              mode="nothink", chunks=2),
+        filter=FilterConfig(keep_ratio=0.5),
+        loss=LossConfig(kl_coef=0.01),
+        optim=OptimConfig(actor_lr=1e-3, rollout_reuse=2))
+    want = _step_outputs(config, setup)
+    model, tok, env, codec = setup
+    heard = []
+    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id,
+                           phase_clock=lambda label, index: heard.append((label, index)))
+    state, metrics = step(init_train_state(config, jax.random.PRNGKey(0), model=model),
+                          jax.random.PRNGKey(3))
+    got = jax.device_get((state.actor, state.critic, metrics))
+    assert heard == [("rollout_chunk", 0), ("rollout_chunk", 1), ("rollout", 0),
+                     ("reference_logprobs", 0), ("old_logprobs", 0), ("update", 0),
+                     ("old_logprobs", 0), ("update", 0)]
+    assert jax.tree.all(jax.tree.map(np.array_equal, got, want))

@@ -1,0 +1,44 @@
+"""Phase marks inside a compiled program: a host call when a phase's outputs exist.
+
+    marks = []
+    step = make_train_step(..., phase_clock=lambda label, index: marks.append(
+        (label, index, time.perf_counter())))
+
+`mark(clock, label, tree, index)` returns `tree` unchanged, but only after `clock(label, index)`
+has run on the host, and that call runs only once every array of `tree` is computed. An
+optimisation barrier ties the call's token to the tree, so later work that reads the returned
+tree cannot start before the call. One compiled run of the whole step thus tells where its time
+goes (bench_step.py prints it), without running the phases again as programs of their own.
+
+With clock None, `mark` is the identity and nothing is added to the program. The call is a
+host round trip: keep it for measurement, not for production steps on accelerators.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+PhaseClock = Callable[[str, int], None]
+
+
+def mark(clock: PhaseClock | None, label: str, tree: Any, index: jax.Array | int = 0) -> Any:
+    """tree, after clock(label, int(index)) has run on the host (see the module docstring)."""
+    if clock is None:
+        return tree
+    leaves = [x for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.number) or x.dtype == jnp.bool_]
+    # One element of every array: the call depends on all of them, and moves 4 bytes each.
+    probe = sum((jnp.ravel(x)[0].astype(jnp.float32) for x in leaves), jnp.float32(0))
+
+    def host(_, i):
+        clock(label, int(i))
+        return np.int32(0)
+
+    token = io_callback(host, jax.ShapeDtypeStruct((), jnp.int32), probe,
+                        jnp.asarray(index, jnp.int32))
+    return jax.lax.optimization_barrier((tree, token))[0]
