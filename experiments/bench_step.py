@@ -8,14 +8,16 @@
 prints compile wall and CPU seconds, XLA's memory_analysis (temporaries, arguments, outputs:
 temp + arguments is what the step needs resident) and the process's peak RSS.
 
-Every program is compiled ahead of time and run once (compile and run are timed apart). Phases
-are timed as separately compiled programs on the same inputs: the rollout, the old log-probs (one teacher-forced forward of the kept rows, plus the critic's for PPO), and the
-whole step; "update" is step - rollout - old log-probs. Tokens/s counts every token in the
-buffers (prompts, env messages, replies) per second of the whole step; generated tokens/s
-counts sampled tokens per second of the rollout. Peak RSS is the process's
-(resource.getrusage) right after the whole step (before the phases run alone), so it includes
-loading the model and compiling. A large f32 matmul is timed in the same
-run as the machine's reference (GFLOP/s).
+The step is compiled ahead of time (compile and run are timed apart) and run once. Its phases
+are read from that one run: the step sends a mark to the host as each phase ends
+(`make_train_step(..., phase_clock=...)`, starpo_jax/phases.py), and a progress line goes to
+stderr at each mark (rollout chunks, rollout, old log-probs, update). "rollout" is the
+multi-turn rollout; "old_logprobs" the uncertainty filter, then one teacher-forced forward of
+the kept rows (plus the critic's values for PPO); "update" the advantages and PPO passes.
+Tokens/s counts every token in the buffers (prompts, env messages, replies) per second of the
+whole step; generated tokens/s counts sampled tokens per second of the rollout. Peak RSS is the
+process's (resource.getrusage) after the step, so it includes loading the model and compiling.
+A large f32 matmul is timed in the same run as the machine's reference (GFLOP/s).
 """
 
 from __future__ import annotations
@@ -23,20 +25,20 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
 
 import envs_jax  # noqa: E402
 from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
-from starpo_jax.rollout import buffer_length, rollout  # noqa: E402
+from starpo_jax.rollout import buffer_length  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
-from starpo_jax.train import init_train_state, make_train_step, sequence_logprobs  # noqa: E402
+from starpo_jax.train import init_train_state, make_train_step  # noqa: E402
 
 
 def _timed(fn, *args):
@@ -89,51 +91,59 @@ def compile_only(model_name: str, env_name: str, p: int, n: int, turns: int, rep
                 peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
 
 
-def _compile_and_run(fn, *args):
-    """AOT-compiles fn for args, then runs it once: (output, compile seconds, run seconds)."""
-    start = time.perf_counter()
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    compiled = jitted.lower(*args).compile()
-    compile_time = time.perf_counter() - start
-    out, run_time = _timed(compiled, *args)
-    return out, compile_time, run_time
+class PhaseTimes:
+    """The step's phase clock (starpo_jax/phases.py): seconds since `start()` of each mark, and a
+    progress line on stderr as each phase ends (a SmolLM2 step runs for over an hour here)."""
+
+    def __init__(self, total_chunks: int):
+        self.total_chunks, self.marks, self.t0 = total_chunks, [], None
+
+    def start(self) -> None:
+        self.marks, self.t0 = [], time.perf_counter()
+
+    def __call__(self, label: str, index: int) -> None:
+        now = time.perf_counter() - self.t0
+        self.marks.append((label, now))
+        what = f"{label} {index + 1}/{self.total_chunks}" if label == "rollout_chunk" else label
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"  [{time.strftime('%H:%M:%S')}] {what} done at {now:.1f} s "
+              f"(peak RSS so far {rss:.2f} GiB)", file=sys.stderr, flush=True)
+
+    def at(self, label: str) -> float:
+        """Seconds since start of the first mark called label."""
+        return next(t for name, t in self.marks if name == label)
 
 
 def bench(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
           knobs: dict):
-    """The whole step, then the rollout and the old log-probs alone; each compiled ahead of time
-    and run once on the same key (a SmolLM2 step takes tens of minutes on a 2-core CPU)."""
+    """The whole step, compiled ahead of time and run once; its phases are read from marks the
+    program sends to the host as each phase ends (one run: a SmolLM2 step takes over an hour on
+    a 2-core CPU, so the phases are not run again on their own)."""
     model, tok, env, codec, config = _setup(model_name, env_name, p, n, turns, reply, algo, knobs)
-    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    key = jax.random.PRNGKey(0)
-
-    step = make_train_step(config, env, codec, model=model, **kw)
+    clock = PhaseTimes(knobs["chunks"])
+    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id, phase_clock=clock)
     state = init_train_state(config, jax.random.PRNGKey(1), model=model)
-    (state, metrics), step_compile, step_time = _compile_and_run(step, state, key)
-    step_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    del state, metrics
-
-    graphdef, params = nnx.split(model)
-    out, roll_compile, roll_time = _compile_and_run(
-        lambda prm, k: rollout(graphdef, prm, env, codec, config.rollout, k, **kw), params, key)
-
-    slots = turns * reply
-    rows = config.kept_groups * n
-    args = (out.tokens[:rows], out.lengths[:rows], out.loss_mask[:rows])
-    _, _, forward_time = _compile_and_run(
-        lambda prm, t, ln, m: sequence_logprobs(nnx.merge(graphdef, prm), t, ln, m, slots,
-                                                min(128, slots)), params, *args)
-    if algo == "ppo":
-        forward_time *= 2  # the critic's forward costs the same trunk again
-    buffered = int(out.lengths.sum())
-    generated = int(out.reply_lengths.sum())
-    return dict(model=model_name, env=env_name, algo=algo, B=p * n,
+    del model  # the state holds the weights; the model's own copy would count in the peak
+    start = time.perf_counter()
+    compiled = step.lower(state, jax.random.PRNGKey(0)).compile()
+    compile_time = time.perf_counter() - start
+    print(f"  [{time.strftime('%H:%M:%S')}] {model_name}: step compiled in {compile_time:.1f} s",
+          file=sys.stderr, flush=True)
+    clock.start()
+    state, metrics = jax.block_until_ready(compiled(state, jax.random.PRNGKey(0)))
+    step_time = time.perf_counter() - clock.t0
+    metrics = jax.device_get(metrics)
+    rollout_end, old_end = clock.at("rollout"), clock.at("old_logprobs")
+    rows = p * n
+    buffered = float(metrics["rollout/sequence_length"]) * rows
+    generated = float(metrics["rollout/response_length"] * metrics["rollout/num_turns"]) * rows
+    return dict(model=model_name, env=env_name, algo=algo, B=rows,
                 L=buffer_length(codec, config.rollout), turns=turns, reply=reply,
-                compile_step=step_compile, compile_rollout=roll_compile, rollout=roll_time,
-                old_logprobs=forward_time,
-                update=max(step_time - roll_time - forward_time, 0.0), step=step_time,
-                tok_s=buffered / step_time, gen_tok_s=generated / roll_time,
-                peak_rss_gib=step_rss)
+                compile_step=compile_time, rollout=rollout_end, old_logprobs=old_end - rollout_end,
+                update=step_time - old_end, step=step_time, tok_s=buffered / step_time,
+                gen_tok_s=generated / rollout_end,
+                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
 
 
 def main() -> None:
@@ -166,8 +176,8 @@ def main() -> None:
         cases = [(m, 8, 16, 5, args.reply) for m in ("tiny-random", "smollm2-135m-instruct")
                  if args.model in (None, m)]
     print(f"devices: {jax.devices()}; f32 matmul reference: {matmul_gflops():.1f} GFLOP/s")
-    cols = ("model", "env", "algo", "B", "L", "turns", "reply", "compile_step", "compile_rollout",
-            "rollout", "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "peak_rss_gib")
+    cols = ("model", "env", "algo", "B", "L", "turns", "reply", "compile_step", "rollout",
+            "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "peak_rss_gib")
     print(" | ".join(cols))
     for model_name, p, n, turns, reply in cases:
         row = bench(model_name, args.env, p, n, turns, reply, args.algo, knobs)
