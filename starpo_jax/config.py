@@ -180,8 +180,10 @@ class OptimConfig:
 
     Memory knobs (results unchanged up to float rounding): micro_batches splits each mini-batch
     into that many row slices whose gradients are summed before its one update (gradient
-    accumulation, normalised by the whole mini-batch); remat recomputes each decoder layer's
-    activations in the backward pass of the actor and critic instead of storing them.
+    accumulation, normalised by the whole mini-batch), and the forwards without a gradient (old
+    and reference log-probs, the critic's values) run over the kept rows in as many slices;
+    remat recomputes each decoder layer's activations in the backward pass of the actor and
+    critic instead of storing them.
     """
 
     actor_lr: float = 1e-6

@@ -9,7 +9,8 @@ Inside `step`: rollout (P x N trajectories) -> uncertainty filter on the summed 
 (K of P groups kept, static shapes [K * N, L]) -> Online-k rounds of { one teacher-forced
 forward for old log-probs (and critic values), advantages from the registry, ppo_epochs x
 minibatches of AdamW updates (lax.scan; a minibatch's gradient may be summed over
-optim.micro_batches row slices, for memory) } -> a flat dict of float32 metrics. The reference
+optim.micro_batches row slices, and the forwards without a gradient run in as many slices,
+for memory) } -> a flat dict of float32 metrics. The reference
 forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
 Parameters are arguments of the compiled function, never constants inside it.
 """
@@ -65,6 +66,16 @@ def _graphdef(model: Decoder, *, value_head: bool, remat: bool) -> nnx.GraphDef:
     return nnx.graphdef(abstract)
 
 
+def _split_rows(tree: Any, pieces: int) -> Any:
+    """Every leaf [rows, ...] -> [pieces, rows / pieces, ...]."""
+    return jax.tree.map(lambda x: x.reshape(pieces, -1, *x.shape[1:]), tree)
+
+
+def _merge_rows(tree: Any) -> Any:
+    """Every leaf [pieces, rows / pieces, ...] -> [rows, ...] (undoes _split_rows)."""
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
+
+
 def accumulated_grad(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], params: Any, batch: Any,
                      micro_batches: int) -> tuple[Any, Any]:
     """Gradient of loss_fn(params, batch) -> (loss, aux) summed over `micro_batches` row slices.
@@ -78,14 +89,23 @@ def accumulated_grad(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], param
     grad_fn = jax.grad(loss_fn, has_aux=True)
     if micro_batches == 1:
         return grad_fn(params, batch)
-    slices = jax.tree.map(lambda x: x.reshape(micro_batches, -1, *x.shape[1:]), batch)
 
     def add_slice(total, piece):
         grads, aux = grad_fn(params, piece)
         return jax.tree.map(jnp.add, total, grads), aux
 
-    grads, aux = jax.lax.scan(add_slice, jax.tree.map(jnp.zeros_like, params), slices)
-    return grads, jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), aux)
+    grads, aux = jax.lax.scan(add_slice, jax.tree.map(jnp.zeros_like, params),
+                              _split_rows(batch, micro_batches))
+    return grads, _merge_rows(aux)
+
+
+def in_row_slices(fn: Callable[[Any], Any], batch: Any, pieces: int) -> Any:
+    """fn(batch) for a row-wise fn, computed on `pieces` row slices in turn (lax.map): the
+    same rows out, with one slice's activations live at a time (the old, reference and value
+    forwards of the update, under optim.micro_batches)."""
+    if pieces == 1:
+        return fn(batch)
+    return _merge_rows(jax.lax.map(fn, _split_rows(batch, pieces)))
 
 
 def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> TrainState:
@@ -260,6 +280,10 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
         return sequence_logprobs(nnx.merge(train_def, params), batch.tokens, batch.lengths,
                                  batch.loss_mask, slots, chunk)
 
+    def forward_logprobs(params, batch):
+        """logprobs without a gradient, in optim.micro_batches row slices (bounds memory)."""
+        return in_row_slices(lambda b: logprobs(params, b), batch, opt.micro_batches)
+
     def actor_objective(logp, entropy, mb, normaliser):
         """(loss to minimise, metrics) of reply log-probs [rows, L] under the minibatch's
         normaliser: the loss of a slice of the minibatch is its share of the minibatch's."""
@@ -316,11 +340,12 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
 
     def update_round(state: TrainState, key, batch: Rollout, ref_logp):
         """Old log-probs / values with the current weights, advantages, then the PPO passes."""
-        old_logp, entropy = logprobs(state.actor, batch)
+        old_logp, entropy = forward_logprobs(state.actor, batch)
         values = None
         if ppo:
-            values = sequence_values(nnx.merge(critic_def, state.critic), batch.tokens,
-                                     batch.lengths)
+            critic = nnx.merge(critic_def, state.critic)
+            values = in_row_slices(lambda b: sequence_values(critic, b.tokens, b.lengths), batch,
+                                   opt.micro_batches)
         old_logp, entropy, values = mark(phase_clock, "old_logprobs", (old_logp, entropy, values))
         advantages, returns = _advantages(config, batch, values)
         data = {"rollout": batch, "old_logp": old_logp, "advantages": advantages}
@@ -353,7 +378,7 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
         ref_logp = None
         if config.loss.kl_coef > 0:
             ref_logp = mark(phase_clock, "reference_logprobs",
-                            logprobs(state.reference, batch)[0])
+                            forward_logprobs(state.reference, batch)[0])
 
         def round_(state, round_key):
             return update_round(state, round_key, batch, ref_logp)
