@@ -59,11 +59,11 @@ from starpo_jax.monitor import RunMonitor  # noqa: E402
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # Keys a resumed run may change: they do not alter the numbers of any step.
 RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
-                     "sample_every", "eval")
+                     "sample_every", "eval", "check_memory", "progress_after")
 
 # The collapse monitor's settings, and filter.keep_ratio so that a run stopped by its
 # "raise_filter" action goes on with the suggested value (the steps after the resume change).
-RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio", "check_memory")
+RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
                                           "experiments/configs/).", lock_config=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 from typing import Any, Callable
 
 import jax
@@ -30,6 +31,7 @@ from starpo_jax.evaluation import MODES, EvalConfig, Evaluator, default_eval_env
 from starpo_jax.memory import MemoryPlan, step_plan
 from starpo_jax.models import load_pretrained
 from starpo_jax.monitor import MonitorConfig
+from starpo_jax.phases import StepProgress
 from starpo_jax.sharding import make_mesh, shard_state
 from starpo_jax.text import build_codec
 from starpo_jax.train import TrainState, init_train_state, make_train_step
@@ -72,6 +74,9 @@ def default_config() -> ConfigDict:
     every device of every process, len(jax.devices()) // tp of them on "fsdp").
     check_memory: experiments/run.py compiles the step first and stops, naming the settings
     that shrink it, if XLA's memory plan exceeds the free memory (starpo_jax.memory).
+    progress_after: seconds into a step after which each phase's end (rollout chunk, rollout,
+    old log-probs, update) prints a progress line (starpo_jax.phases; 0 = never, and no marks
+    are compiled in; single-device runs only).
     """
     c = ConfigDict()
     c.seed = 0
@@ -96,6 +101,7 @@ def default_config() -> ConfigDict:
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
     c.check_memory = True
+    c.progress_after = 60
     c.monitor = ConfigDict(dataclasses.asdict(MonitorConfig()))
     return c
 
@@ -156,7 +162,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
                              ("mesh.tp", full.mesh.tp, 1),
                              ("prompt.verify", full.prompt.verify, 0)):
         _require(name, value, _is_int(value, low), f"an int >= {low}")
-    for name in ("eval_every", "sample_every"):
+    for name in ("eval_every", "sample_every", "progress_after"):
         _require(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
     for name in ("vanilla", "nothink", "check_memory"):
         _require(name, full[name], isinstance(full[name], bool), "True or False")
@@ -229,10 +235,13 @@ class Experiment:
     key: jax.Array  # the run's key; iteration t uses fold_in(key, t)
     init_key: jax.Array  # the critic head's initialisation key
     mesh: jax.sharding.Mesh | None = None  # set when the run spans several devices
+    progress: StepProgress | None = None  # the step's phase clock (config.progress_after)
 
     def step(self, key: jax.Array | None = None) -> dict[str, float]:
         """One iteration (rollout, filter, update) -> its metrics as host floats. `key`
         defaults to the run's key; the state's step counter is folded in either way."""
+        if self.progress is not None:
+            self.progress.start(self.steps_done + 1)
         self.state, metrics = self.train_step(self.state, self.key if key is None else key)
         return {name: float(value) for name, value in jax.device_get(metrics).items()}
 
@@ -268,10 +277,14 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
         # Every process holds the same key; placed replicated on the global mesh so that the
         # step's argument spans all processes (a process-local array cannot).
         key = jax.device_put(key, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    progress = None
+    if full.progress_after and mesh is None:
+        progress = StepProgress(full.progress_after, train.rollout.chunks, full.steps, sys.stdout)
     step = make_train_step(train, env, codec, model=model, eos_id=tok.eos_token_id,
-                           pad_id=tok.pad_token_id, mesh=mesh)
+                           pad_id=tok.pad_token_id, mesh=mesh, phase_clock=progress)
     exp = Experiment(config=full, train=train, env=env, model=model, tokenizer=tok, codec=codec,
-                     state=None, train_step=step, key=key, init_key=init_key, mesh=mesh)
+                     state=None, train_step=step, key=key, init_key=init_key, mesh=mesh,
+                     progress=progress)
     exp.state = exp.fresh_state()
     return exp
 

@@ -16,7 +16,8 @@ host round trip: keep it for measurement, not for production steps on accelerato
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import time
+from typing import Any, Callable, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -42,3 +43,28 @@ def mark(clock: PhaseClock | None, label: str, tree: Any, index: jax.Array | int
     token = io_callback(host, jax.ShapeDtypeStruct((), jnp.int32), probe,
                         jnp.asarray(index, jnp.int32))
     return jax.lax.optimization_barrier((tree, token))[0]
+
+
+class StepProgress:
+    """A phase clock that prints a progress line for each mark of a step that arrives `after`
+    seconds or more after `start(step)`: long steps (minutes on a CPU) say where they are,
+    short ones print nothing. stream None: silent (processes other than 0)."""
+
+    def __init__(self, after: float, chunks: int, total_steps: int, stream: TextIO | None):
+        self.after, self.chunks, self.total, self.stream = after, chunks, total_steps, stream
+        self.step, self.t0 = 0, None
+
+    def start(self, step: int) -> None:
+        """Step `step` (1-based) starts now."""
+        self.step, self.t0 = step, time.perf_counter()
+
+    def __call__(self, label: str, index: int) -> None:
+        if self.t0 is None or self.stream is None:
+            return
+        elapsed = time.perf_counter() - self.t0
+        if elapsed < self.after:
+            return
+        what = f"rollout chunk {index + 1}/{self.chunks}" if label == "rollout_chunk" else label
+        minutes, seconds = divmod(int(elapsed), 60)
+        print(f"  step {self.step}/{self.total}: {what} done at {minutes}m{seconds:02d}s",
+              file=self.stream, flush=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,6 +61,7 @@ def _with(path: str, value):
     ("model.dtype", "float16", "config.model.dtype = 'float16' is invalid"),
     ("steps", 0, "config.steps = 0 is invalid; valid: an int >= 1"),
     ("eval_every", -1, "config.eval_every = -1 is invalid; valid: an int >= 0"),
+    ("progress_after", -5, "config.progress_after = -5 is invalid; valid: an int >= 0"),
     ("loss.clip_low", "big", "bad config value"),
 ])
 def test_bad_config_is_rejected_naming_the_key(path, value, expected):
@@ -118,6 +120,25 @@ def test_train_config_round_trip():
     config = api.config_from_train_config(train, steps=7, model={"source": "tiny-random"})
     assert api.train_config(config) == train
     assert (config.steps, config.model.source) == (7, "tiny-random")
+
+
+def test_long_step_prints_its_phases(capsys):
+    """A step past progress_after seconds says where it is at each phase's end; a short one
+    prints nothing."""
+    exp = tiny_experiment()
+    exp.state = exp.fresh_state()
+    exp.step()
+    assert capsys.readouterr().out == "", "a step under progress_after (60 s) prints nothing"
+    exp.progress.after = 0.0  # every step is long enough now
+    try:
+        exp.step()
+    finally:
+        exp.progress.after = tiny_config().progress_after
+    lines = capsys.readouterr().out.splitlines()
+    total = tiny_config().steps
+    assert [line.split(" done at ")[0] for line in lines] == [
+        f"  step 2/{total}: rollout", f"  step 2/{total}: old_logprobs", f"  step 2/{total}: update"]
+    assert all(re.fullmatch(r".* done at \d+m\d\ds", line) for line in lines), lines
 
 
 def test_step_metrics_and_determinism():
