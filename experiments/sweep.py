@@ -238,6 +238,12 @@ def write_plots(runs: Sequence[lib.Run], seeds: Sequence[int], directory: Path) 
     return paths
 
 
+def _without_phase_marks(config: config_dict.ConfigDict) -> config_dict.ConfigDict:
+    config = config.copy_and_resolve_references()
+    config.progress_after = 0
+    return config
+
+
 def sweep(base: config_dict.ConfigDict, grid_specs: Sequence[str], seeds: Sequence[int],
           workdir: Path, *, vmap: bool = True, final_steps: int = 5,
           build: Callable[[config_dict.ConfigDict], api.Experiment] = api.build,
@@ -262,7 +268,9 @@ def sweep(base: config_dict.ConfigDict, grid_specs: Sequence[str], seeds: Sequen
             print(f"{label}: all seeds finished earlier, skipped", file=stream, flush=True)
             continue
         progress.start(label, config.steps, config.log_every, left)
-        exp = build(config)
+        # The sweep shows its own progress; phase marks (host callbacks) stay out of the
+        # vmapped step.
+        exp = build(_without_phase_marks(config))
         run_setting(exp, left, vmap=vmap, progress=progress, stream=stream,
                     save=_saver(workdir, base, setting, done))
     runs = [lib.Run(setting, done) for (setting, _), done in zip(settings, finished)]
