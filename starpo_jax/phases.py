@@ -10,8 +10,9 @@ optimisation barrier ties the call's token to the tree, so later work that reads
 tree cannot start before the call. One compiled run of the whole step thus tells where its time
 goes (bench_step.py prints it), without running the phases again as programs of their own.
 
-With clock None, `mark` is the identity and nothing is added to the program. The call is a
-host round trip: keep it for measurement, not for production steps on accelerators.
+With clock None, `mark` is the identity and nothing is added to the program. Each mark costs
+one host round trip (a handful per step, against steps of seconds to minutes); experiments/
+run.py's progress lines (`StepProgress`, config.progress_after) use it in single-device runs.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def mark(clock: PhaseClock | None, label: str, tree: Any, index: jax.Array | int
 class StepProgress:
     """A phase clock that prints a progress line for each mark of a step that arrives `after`
     seconds or more after `start(step)`: long steps (minutes on a CPU) say where they are,
-    short ones print nothing. stream None: silent (processes other than 0)."""
+    short ones print nothing. stream None: silent."""
 
     def __init__(self, after: float, chunks: int, total_steps: int, stream: TextIO | None):
         self.after, self.chunks, self.total, self.stream = after, chunks, total_steps, stream
