@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import sys
 from typing import Any, Callable
 
 import jax
@@ -279,7 +278,7 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
         key = jax.device_put(key, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
     progress = None
     if full.progress_after and mesh is None:
-        progress = StepProgress(full.progress_after, train.rollout.chunks, full.steps, sys.stdout)
+        progress = StepProgress(full.progress_after, train.rollout.chunks, full.steps)
     step = make_train_step(train, env, codec, model=model, eos_id=tok.eos_token_id,
                            pad_id=tok.pad_token_id, mesh=mesh, phase_clock=progress)
     exp = Experiment(config=full, train=train, env=env, model=model, tokenizer=tok, codec=codec,

@@ -17,6 +17,7 @@ run.py's progress lines (`StepProgress`, config.progress_after) use it in single
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable, TextIO
 
@@ -49,9 +50,11 @@ def mark(clock: PhaseClock | None, label: str, tree: Any, index: jax.Array | int
 class StepProgress:
     """A phase clock that prints a progress line for each mark of a step that arrives `after`
     seconds or more after `start(step)`: long steps (minutes on a CPU) say where they are,
-    short ones print nothing. stream None: silent."""
+    short ones print nothing. Lines go to `stream`, by default whatever sys.stdout is when
+    they are printed."""
 
-    def __init__(self, after: float, chunks: int, total_steps: int, stream: TextIO | None):
+    def __init__(self, after: float, chunks: int, total_steps: int,
+                 stream: TextIO | None = None):
         self.after, self.chunks, self.total, self.stream = after, chunks, total_steps, stream
         self.step, self.t0 = 0, None
 
@@ -60,7 +63,7 @@ class StepProgress:
         self.step, self.t0 = step, time.perf_counter()
 
     def __call__(self, label: str, index: int) -> None:
-        if self.t0 is None or self.stream is None:
+        if self.t0 is None:
             return
         elapsed = time.perf_counter() - self.t0
         if elapsed < self.after:
@@ -68,4 +71,4 @@ class StepProgress:
         what = f"rollout chunk {index + 1}/{self.chunks}" if label == "rollout_chunk" else label
         minutes, seconds = divmod(int(elapsed), 60)
         print(f"  step {self.step}/{self.total}: {what} done at {minutes}m{seconds:02d}s",
-              file=self.stream, flush=True)
+              file=self.stream or sys.stdout, flush=True)
