@@ -36,6 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import envs_jax  # noqa: E402
 from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
+from starpo_jax.phases import phase_name  # noqa: E402
 from starpo_jax.rollout import buffer_length  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train import init_train_state, make_train_step  # noqa: E402
@@ -104,7 +105,7 @@ class PhaseTimes:
     def __call__(self, label: str, index: int) -> None:
         now = time.perf_counter() - self.t0
         self.marks.append((label, now))
-        what = f"{label} {index + 1}/{self.total_chunks}" if label == "rollout_chunk" else label
+        what = phase_name(label, index, self.total_chunks)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(f"  [{time.strftime('%H:%M:%S')}] {what} done at {now:.1f} s "
               f"(peak RSS so far {rss:.2f} GiB)", file=sys.stderr, flush=True)

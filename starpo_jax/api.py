@@ -75,7 +75,7 @@ def default_config() -> ConfigDict:
     that shrink it, if XLA's memory plan exceeds the free memory (starpo_jax.memory).
     progress_after: seconds into a step after which each phase's end (rollout chunk, rollout,
     old log-probs, update) prints a progress line (starpo_jax.phases; 0 = never, and no marks
-    are compiled in; single-device runs only).
+    are compiled in; single-device CPU runs only: on accelerators the step has no host calls).
     """
     c = ConfigDict()
     c.seed = 0
@@ -277,7 +277,9 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
         # step's argument spans all processes (a process-local array cannot).
         key = jax.device_put(key, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
     progress = None
-    if full.progress_after and mesh is None:
+    # Each mark is a host round trip inside the step: kept to CPU runs, whose steps take
+    # minutes; on accelerators the step stays free of callbacks.
+    if full.progress_after and mesh is None and jax.default_backend() == "cpu":
         progress = StepProgress(full.progress_after, train.rollout.chunks, full.steps)
     step = make_train_step(train, env, codec, model=model, eos_id=tok.eos_token_id,
                            pad_id=tok.pad_token_id, mesh=mesh, phase_clock=progress)

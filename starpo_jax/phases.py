@@ -47,6 +47,11 @@ def mark(clock: PhaseClock | None, label: str, tree: Any, index: jax.Array | int
     return jax.lax.optimization_barrier((tree, token))[0]
 
 
+def phase_name(label: str, index: int, chunks: int) -> str:
+    """A mark as people read it: "rollout chunk 2/8" for ("rollout_chunk", 1), else the label."""
+    return f"rollout chunk {index + 1}/{chunks}" if label == "rollout_chunk" else label
+
+
 class StepProgress:
     """A phase clock that prints a progress line for each mark of a step that arrives `after`
     seconds or more after `start(step)`: long steps (minutes on a CPU) say where they are,
@@ -68,7 +73,7 @@ class StepProgress:
         elapsed = time.perf_counter() - self.t0
         if elapsed < self.after:
             return
-        what = f"rollout chunk {index + 1}/{self.chunks}" if label == "rollout_chunk" else label
+        what = phase_name(label, index, self.chunks)
         minutes, seconds = divmod(int(elapsed), 60)
         print(f"  step {self.step}/{self.total}: {what} done at {minutes}m{seconds:02d}s",
               file=self.stream or sys.stdout, flush=True)
