@@ -467,3 +467,60 @@ def test_call_rejects_mismatched_shapes(model):
         model(ids, attention_mask=jnp.ones((2, 4), bool))
     with pytest.raises(ValueError, match="cache batch size 3 != input_ids batch size 2"):
         model(ids, cache=KVCache.init(TINY, 3, 8))
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_float32_queries_read_bfloat16_keys_at_float32_precision(t):
+    """Attention of float32 queries over bfloat16 keys and values (a bfloat16 cache; t = 1 is a
+    decode step) reads them as stored yet matches float64 attention over the widened values to
+    float32 precision: a plain bfloat16 product would round the queries to 8 bits."""
+    rng = np.random.default_rng(5)
+    b, h, kvh, s, hd = 2, 6, 2, 40, 16
+    q = rng.standard_normal((b, t, h, hd)).astype(np.float32)
+    k, v = (jnp.asarray(rng.standard_normal((b, kvh, s, hd)), jnp.bfloat16) for _ in range(2))
+    visible = rng.random((b, t, s)) < 0.7
+    visible[..., 0] = True
+    got = np.asarray(layers.attention(jnp.asarray(q), k, v, jnp.asarray(visible)))
+
+    def reference(q):
+        kk, vv = (np.asarray(x.astype(jnp.float32), np.float64) for x in (k, v))
+        out = np.zeros((b, t, h, hd))
+        for r, i, j in np.ndindex(b, t, h):
+            g = j // (h // kvh)
+            scores = np.where(visible[r, i], kk[r, g] @ q[r, i, j] / np.sqrt(hd), -np.inf)
+            p = np.exp(scores - scores.max())
+            out[r, i, j] = (p / p.sum()) @ vv[r, g]
+        return out
+
+    want = reference(q.astype(np.float64))
+    tolerance = 2e-5
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
+    rounded = np.asarray(jnp.asarray(q, jnp.bfloat16).astype(jnp.float32), np.float64)
+    assert np.abs(reference(rounded) - want).max() > 10 * tolerance  # what the test rules out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("block", [3, 4, 32])
+def test_decode_attention_over_filled_blocks_equals_one_softmax(monkeypatch, dtype, block):
+    """A decode step reads the cache in key blocks up to the fullest row (block 4 of 10 slots
+    moves its last block back over slots already read; 32 is one block): the result is one
+    softmax over the visible slots of the whole layer."""
+    rng = np.random.default_rng(6)
+    layers_n, b, kvh, h, slots, hd = 2, 3, 2, 4, 10, 8
+    stored = []
+    for _ in range(2):
+        values = jnp.asarray(rng.standard_normal((layers_n, b, kvh, slots, hd)), dtype)
+        if dtype == "bfloat16":  # stored as bit patterns, as KVCache does
+            values = jax.lax.bitcast_convert_type(values, jnp.uint16)
+        stored.append(values)
+    filled = np.array([7, 2, 9])
+    visible = jnp.asarray(np.arange(slots)[None, None, :] < filled[:, None, None])
+    q = jnp.asarray(rng.standard_normal((b, 1, h, hd)), jnp.float32)
+    monkeypatch.setattr(layers, "DECODE_KEY_BLOCK", block)
+    bound = layers.filled_bound(visible)
+    assert int(bound) == 9
+    got = layers.decode_attention(q, *stored, jnp.int32(1), visible, bound)
+    want = layers.attention(q, *(layers._read_layer(s, 1) for s in stored), visible)
+    # bfloat16 values: both sides take the products at ~16 bits of the float32 side (_dot_f32).
+    atol = 1e-6 if dtype == "float32" else 1e-5
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=atol)

@@ -23,7 +23,10 @@ from starpo_jax.models.config import ModelConfig
 
 @flax.struct.dataclass
 class KVCache:
-    """k, v: [num_layers, B, S, num_kv_heads, head_dim]; end: [B] int32 filled-slot count."""
+    """k, v: [num_layers, B, num_kv_heads, S, head_dim]; end: [B] int32 filled-slot count.
+
+    Heads ahead of slots: attention reads each (row, head) as one [S, head_dim] matrix, with no
+    transpose of the cache (see layers.attention)."""
 
     k: jax.Array
     v: jax.Array
@@ -42,7 +45,7 @@ class KVCache:
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"KVCache.init: {name} must be a positive int; got {value!r}")
-        shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+        shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
         dtype = jnp.dtype(dtype or config.dtype)
         if dtype == jnp.bfloat16:
             dtype = jnp.dtype(jnp.uint16)  # bfloat16 0.0 is the bit pattern 0
@@ -54,7 +57,7 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     @property
     def batch_size(self) -> int:

@@ -59,8 +59,13 @@ def attention(
 ) -> jax.Array:
     """Grouped-query softmax attention.
 
-    q [B, T, H, hd]; k, v [B, S, KVH, hd] with H a multiple of KVH (query head h reads kv head
-    h // (H // KVH)); visible [B, T, S] bool. Scores and softmax in float32. -> [B, T, H, hd].
+    q [B, T, H, hd]; k, v [B, KVH, S, hd], heads ahead of positions (the KV cache's layout), with
+    H a multiple of KVH (query head h reads kv head h // (H // KVH)); visible [B, T, S] bool.
+    Scores and softmax in float32. -> [B, T, H, hd].
+
+    Both products are batched matmuls over (B, KVH) with no transpose of k or v. bfloat16 keys
+    and values against float32 queries (a bfloat16 cache) are read as they are stored: see
+    `_dot_f32`.
 
     `causal=True` promises that query t sees no key s > t (S == T, no cache): the queries then
     go in blocks of CAUSAL_BLOCK, each against only the keys up to its last query, which skips
@@ -68,69 +73,137 @@ def attention(
     than half the time of SmolLM2's attention forward+backward; measured in
     experiments/bench_sampler.py's training row). A query with no visible key (padding) gets a
     uniform softmax over the keys its block reads instead of over all of them.
-    Otherwise (a prefill into a cache) the queries go in blocks of PREFILL_BLOCK against all
-    keys: each query's softmax is its own, so the result is the unblocked one.
+    Otherwise (a prefill into a cache, or a decode step) the queries go in blocks of
+    PREFILL_BLOCK against all keys: each query's softmax is its own, so the result is the
+    unblocked one.
     """
     b, t, h, hd = q.shape
-    kvh = k.shape[2]
-    if t == 1:
-        q1 = q.reshape(b, kvh, h // kvh, hd)
-        return _attention_one_query(q1, k, v, visible[:, 0]).reshape(b, 1, h, hd)
-    # Heads ahead of positions, so both products are plain batched matmuls over (B, KVH).
+    kvh = k.shape[1]
     qh = q.reshape(b, t, kvh, h // kvh, hd).transpose(0, 2, 3, 1, 4)  # [B, KVH, G, T, hd]
-    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KVH, S, hd]
     if causal:
         bounds = [(i, min(i + CAUSAL_BLOCK, t), min(i + CAUSAL_BLOCK, t))
                   for i in range(0, t, CAUSAL_BLOCK)]
     else:
-        bounds = [(i, min(i + PREFILL_BLOCK, t), k.shape[1]) for i in range(0, t, PREFILL_BLOCK)]
+        bounds = [(i, min(i + PREFILL_BLOCK, t), k.shape[2]) for i in range(0, t, PREFILL_BLOCK)]
     outs = []
     for start, stop, keys in bounds:
-        scores = jnp.einsum("bkgtd,bksd->bkgts", qh[:, :, :, start:stop], kh[:, :, :keys],
-                            preferred_element_type=jnp.float32) * (hd**-0.5)
+        scores = _dot_f32("bkgtd,bksd->bkgts", qh[:, :, :, start:stop], k[:, :, :keys])
         seen = visible[:, None, None, start:stop, :keys]
-        probs = jax.nn.softmax(jnp.where(seen, scores, _MASKED), axis=-1).astype(v.dtype)
-        outs.append(jnp.einsum("bkgts,bksd->bkgtd", probs, vh[:, :, :keys],
-                               preferred_element_type=jnp.float32))
+        probs = jax.nn.softmax(jnp.where(seen, scores * (hd**-0.5), _MASKED), axis=-1)
+        outs.append(_dot_f32("bkgts,bksd->bkgtd", probs.astype(q.dtype), v[:, :, :keys]))
     out = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd).astype(q.dtype)
 
 
-def _attention_one_query(
-    q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array
+#: Key block of a decode step: it reads the cache in blocks of this many slots, and only the
+#: blocks below the fullest row's filled count.
+DECODE_KEY_BLOCK = 128
+
+
+def filled_bound(visible: jax.Array) -> jax.Array:
+    """One past the last slot any query sees: visible [B, T, S] bool -> int32 scalar."""
+    seen_any = jnp.any(visible, axis=(0, 1))
+    return jnp.max(jnp.where(seen_any, jnp.arange(1, visible.shape[-1] + 1), 0))
+
+
+def decode_attention(
+    q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, layer: jax.Array, visible: jax.Array,
+    bound: jax.Array,
 ) -> jax.Array:
-    """Decode-step attention: q [B, KVH, G, hd]; k, v [B, S, KVH, hd]; visible [B, S] bool.
+    """Attention of one new token per row over layer `layer` of the cache, read in place.
 
-    Returns [B, KVH, G, hd]. Scores and softmax in float32.
+    q [B, 1, H, hd]; cache_k, cache_v [num_layers, B, KVH, S, hd] (uint16 = bfloat16 bit
+    patterns); visible [B, 1, S] bool; bound = filled_bound(visible), computed once for all
+    layers. -> [B, 1, H, hd].
 
-    Written as broadcast products and reductions over the cache in its stored [B, S, KVH, hd]
-    layout: the dot_general form transposes each layer's whole cache slice into
-    [B, KVH, S, hd] on every step (SmolLM2-135M, batch 32: ~20% of a decode step; best of 16
-    alternated steps ~0.68 s -> ~0.49 s without it, loaded 2-core VM). A single query row has
-    no matmul to gain from.
+    A cache is sized for a whole trajectory, so most of it is empty for most of the rollout: the
+    keys go in blocks of DECODE_KEY_BLOCK slots (a while loop with an online softmax) up to the
+    last block any row has filled, each block sliced straight out of the whole cache, so the
+    empty slots are never read and the layer is never copied out. SmolLM2 at 16 rows, 1732
+    slots, half full: ~2x less decode-step time than one softmax over the whole layer (see
+    experiments/bench_sampler.py's --cache-slots rows). The result is that softmax up to float
+    rounding (a row's blocks combine exactly; the block order is fixed).
     """
-    hd = q.shape[-1]
-    q32 = q.astype(jnp.float32)
-    # [B, S, KVH, G]: the softmax runs over S (axis 1), with no transpose of k or v.
-    scores = jnp.sum(q32[:, None] * k.astype(jnp.float32)[:, :, :, None, :], axis=-1)
-    scores = jnp.where(visible[:, :, None, None], scores * (hd**-0.5), _MASKED)
-    probs = jax.nn.softmax(scores, axis=1)
-    out = jnp.sum(probs[..., None] * v.astype(jnp.float32)[:, :, :, None, :], axis=1)
-    return out.astype(q.dtype)
+    b, _, h, hd = q.shape
+    kvh, slots = cache_k.shape[2], cache_k.shape[3]
+    block = min(DECODE_KEY_BLOCK, slots)
+    qh = q.reshape(b, kvh, h // kvh, 1, hd)  # [B, KVH, G, 1, hd]
+    blocks = jnp.maximum((bound + block - 1) // block, 1)
+
+    def read(cache: jax.Array, start: jax.Array) -> jax.Array:
+        return _values(jax.lax.dynamic_slice(cache, (layer, 0, 0, start, 0),
+                                             (1, b, kvh, block, hd))[0])
+
+    def body(j, carry):
+        top, total, acc = carry  # running max [B, KVH, G, 1], softmax denominator, numerator
+        # The last block is moved back to fit the cache; its slots before j * block were read.
+        start = jnp.minimum(j * block, slots - block)
+        keys = start + jnp.arange(block)
+        seen = jax.lax.dynamic_slice_in_dim(visible[:, 0], start, block, axis=1)
+        seen = seen & (keys >= j * block)
+        scores = _dot_f32("bkgtd,bksd->bkgts", qh, read(cache_k, start)) * (hd**-0.5)
+        scores = jnp.where(seen[:, None, None, None, :], scores, _MASKED)
+        new_top = jnp.maximum(top, jnp.max(scores, axis=-1))
+        rescale = jnp.exp(top - new_top)
+        probs = jnp.exp(scores - new_top[..., None])
+        total = total * rescale + jnp.sum(probs, axis=-1)
+        acc = acc * rescale[..., None] + _dot_f32(
+            "bkgts,bksd->bkgtd", probs.astype(q.dtype), read(cache_v, start))
+        return new_top, total, acc
+
+    g = h // kvh
+    init = (jnp.full((b, kvh, g, 1), _MASKED, jnp.float32), jnp.zeros((b, kvh, g, 1), jnp.float32),
+            jnp.zeros((b, kvh, g, 1, hd), jnp.float32))
+    _, total, acc = jax.lax.fori_loop(0, blocks, body, init)
+    out = acc / total[..., None]  # [B, KVH, G, 1, hd]
+    return out.reshape(b, 1, h, hd).astype(q.dtype)
 
 
-def _write_slots(cache: jax.Array, index: tuple[jax.Array, ...], new: jax.Array) -> jax.Array:
-    """cache.at[index].set(new) in cache's storage (a uint16 cache holds bfloat16 bit patterns,
-    see cache.py), out-of-range slots dropped."""
+def _dot_f32(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """einsum(spec, x, y) accumulated in float32, for x [B, KVH, G, ...] against keys or values y.
+
+    A float32 x against a bfloat16 y (a bfloat16 cache) goes as ONE bfloat16 product of x's high
+    and low bfloat16 halves, stacked along G, whose two results are summed: y is read in its
+    stored width, and x keeps ~16 significant bits (bfloat16 x bfloat16 products are exact in
+    float32), so the result is the float32 one within ~1e-5 relative. Widening y instead writes a
+    float32 copy of every layer's cache on every call: SmolLM2's decode attention at 16 rows and
+    1732 slots took 27 ms per layer that way, 5.0 ms split, against 10.9 ms for the broadcast
+    product over the [B, S, KVH, hd] cache used before (/tmp measurement; the whole decode step
+    is in experiments/bench_sampler.py's --cache-slots rows).
+    """
+    if x.dtype == jnp.float32 and y.dtype == jnp.bfloat16:
+        hi = x.astype(jnp.bfloat16)
+        lo = (x - hi.astype(jnp.float32)).astype(jnp.bfloat16)
+        out = jnp.einsum(spec, jnp.concatenate([hi, lo], axis=2), y,
+                         preferred_element_type=jnp.float32)
+        g = x.shape[2]
+        return out[:, :, :g] + out[:, :, g:]
+    return jnp.einsum(spec, x, y.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+def _write_slots(
+    cache: jax.Array, i: jax.Array, rows: jax.Array, slots: jax.Array, new: jax.Array
+) -> jax.Array:
+    """Writes new [B, T, KVH, hd] to slots [B, T] of layer i of cache [num_layers, B, KVH, S, hd]
+    (rows [B, 1] = arange(B)), in cache's storage (a uint16 cache holds bfloat16 bit patterns,
+    see cache.py); out-of-range slots are dropped."""
     if cache.dtype == jnp.uint16:
         new = jax.lax.bitcast_convert_type(new.astype(jnp.bfloat16), jnp.uint16)
-    return cache.at[index].set(new.astype(cache.dtype), mode="drop")
+    # The two index arrays around the head slice put their [B, T] first: the update is [B, T,
+    # KVH, hd], new's own layout.
+    return cache.at[i, rows, :, slots].set(new.astype(cache.dtype), mode="drop")
 
 
 def _read_layer(cache: jax.Array, i: jax.Array) -> jax.Array:
-    """Layer i of a cache [num_layers, B, S, KVH, hd], as values (bfloat16 for a uint16 cache)."""
-    layer = cache[i]
-    return jax.lax.bitcast_convert_type(layer, jnp.bfloat16) if layer.dtype == jnp.uint16 else layer
+    """Layer i of a cache [num_layers, B, KVH, S, hd], as values (see `_values`)."""
+    return _values(cache[i])
+
+
+def _values(stored: jax.Array) -> jax.Array:
+    """Cache contents as values: a uint16 cache holds bfloat16 bit patterns (cache.py)."""
+    if stored.dtype == jnp.uint16:
+        return jax.lax.bitcast_convert_type(stored, jnp.bfloat16)
+    return stored
 
 
 def logical_param(value: jax.Array, axes: tuple[str, ...]) -> nnx.Param:
@@ -211,7 +284,7 @@ class LayerStack(nnx.Module):
         """Runs every layer.
 
         h [B, T, D]; cos, sin [B, T, head_dim]; visible [B, T, S] bool (S = T without a cache).
-        kv = (k, v, slots) with k, v [num_layers, B, S, KVH, hd] and slots [B, T] int32, the
+        kv = (k, v, slots) with k, v [num_layers, B, KVH, S, hd] and slots [B, T] int32, the
         cache slots the new tokens are written to (out-of-range slots are dropped).
         Returns the new h [B, T, D] and the updated (k, v), or None without a cache.
         """
@@ -232,10 +305,8 @@ class LayerStack(nnx.Module):
             k = apply_rope(project(x, w, "k", cfg.num_kv_heads), cos, sin)
             return q, k, project(x, w, "v", cfg.num_kv_heads)
 
-        def attend_and_mlp(
-            h: jax.Array, w: dict[str, jax.Array], q: jax.Array, k: jax.Array, v: jax.Array
-        ) -> jax.Array:
-            attn = attention(q, k.astype(q.dtype), v.astype(q.dtype), visible, causal=kv is None)
+        def mlp_block(h: jax.Array, w: dict[str, jax.Array], attn: jax.Array) -> jax.Array:
+            """The rest of the layer after attention: attn [B, T, H, hd]."""
             h = h + _dense(attn.reshape(b, t, -1), w["o_proj"])
             x = rms_norm(h, w["mlp_norm"], cfg.rms_norm_eps)
             mlp = jax.nn.silu(_dense(x, w["gate_proj"])) * _dense(x, w["up_proj"])
@@ -244,7 +315,11 @@ class LayerStack(nnx.Module):
         if kv is None:
 
             def body(h, w):
-                return attend_and_mlp(h, w, *attention_inputs(h, w)), None
+                q, k, v = attention_inputs(h, w)
+                heads_first = (0, 2, 1, 3)  # [B, KVH, T, hd], the layout attention reads
+                attn = attention(q, k.transpose(heads_first), v.transpose(heads_first), visible,
+                                 causal=True)
+                return mlp_block(h, w, attn), None
 
             if cfg.remat:
                 body = jax.checkpoint(body, prevent_cse=False)  # scan already blocks CSE
@@ -255,14 +330,19 @@ class LayerStack(nnx.Module):
         # passing it as scan inputs/outputs would copy every layer's cache on every call
         # (measured: 2x slower decode for SmolLM2-135M at batch 32).
         slots = kv[2]
+        bound = filled_bound(visible) if t == 1 else None
 
         def cached_body(carry, xs):
             h, cache_k, cache_v = carry
             w, i = xs
             q, k, v = attention_inputs(h, w)
-            cache_k = _write_slots(cache_k, (i, rows, slots), k)
-            cache_v = _write_slots(cache_v, (i, rows, slots), v)
-            h = attend_and_mlp(h, w, q, _read_layer(cache_k, i), _read_layer(cache_v, i))
+            cache_k = _write_slots(cache_k, i, rows, slots, k)
+            cache_v = _write_slots(cache_v, i, rows, slots, v)
+            if t == 1:  # a decode step
+                attn = decode_attention(q, cache_k, cache_v, i, visible, bound)
+            else:
+                attn = attention(q, _read_layer(cache_k, i), _read_layer(cache_v, i), visible)
+            h = mlp_block(h, w, attn)
             return (h, cache_k, cache_v), None
 
         layer_ids = jnp.arange(cfg.num_layers)
