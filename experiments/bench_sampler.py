@@ -7,6 +7,9 @@ also given as a fraction of the machine's f32 matmul peak measured in the same r
     python experiments/bench_sampler.py            # batches 1, 8, 32, 128 (~15-30 min on 2 cores)
     python experiments/bench_sampler.py --quick    # smoke run (small shapes)
     python experiments/bench_sampler.py --train-only   # only training forward+backward
+    # the rollout's decode regime (bench_step.py's chunk of 16 rows; the cache has L slots):
+    python experiments/bench_sampler.py --generate-only --batches 16 --cache-slots 1732 \
+        --cache-dtype bfloat16 --decode-fills 0.25 0.5 1.0
 
 Every timed phase is run once untimed first (compilation, and first touch of fresh memory,
 which is slow on these VMs); the JAX sampler then reuses its KV cache by donation.
@@ -15,6 +18,7 @@ which is slow on these VMs); the JAX sampler then reuses its KV cache by donatio
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -64,13 +68,19 @@ def matmul_peak(n: int, reps: int) -> tuple[float, float]:
     return flops / t_jax, flops / t_torch
 
 
-def jax_generation(model, prompts: np.ndarray, new_tokens: int) -> tuple[float, Callable[[], None]]:
-    """(compile seconds, one warmed-up generate call) of the starpo-jax sampler."""
+def jax_generation(
+    model, prompts: np.ndarray, new_tokens: int, cache_slots: int | None, cache_dtype: str | None
+) -> tuple[float, Callable[[], None]]:
+    """(compile seconds, one warmed-up generate call) of the starpo-jax sampler.
+
+    The cache has `cache_slots` slots (default: exactly prompt + new tokens) in `cache_dtype`
+    (default: the model's). Attention reads every slot of it at every step, filled or not, as
+    in the rollout, whose cache is sized for the whole trajectory."""
     b, t = prompts.shape
     options = SamplingOptions(max_new_tokens=new_tokens, temperature=1.0)  # no EOS: full budget
     graphdef, params = nnx.split(model)
     ids, lengths = jnp.asarray(prompts), jnp.full((b,), t, jnp.int32)
-    cache = KVCache.init(model.config, b, t + new_tokens)
+    cache = KVCache.init(model.config, b, cache_slots or t + new_tokens, cache_dtype)
     start = time.perf_counter()
     compiled = _generate_jit.lower(
         graphdef, params, ids, lengths, jax.random.key(0), cache, None, options
@@ -90,6 +100,32 @@ def jax_generation(model, prompts: np.ndarray, new_tokens: int) -> tuple[float, 
 
     run()
     return compile_s, run
+
+
+def jax_decode_step(
+    model, batch: int, slots: int, cache_dtype: str | None, fill: float
+) -> Callable[[], None]:
+    """Four warmed-up decode steps (one token per row) over a cache of `slots` slots whose rows
+    hold `fill` of them: the rollout's inner loop, without prefill or sampling."""
+    graphdef, params = nnx.split(model)
+    end = max(1, int(fill * slots) - 4)
+    token, mask = jnp.zeros((batch, 1), jnp.int32), jnp.ones((batch, 1), bool)
+
+    @functools.partial(jax.jit, donate_argnums=(1,))
+    def step(params: nnx.State, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        return nnx.merge(graphdef, params)(token, attention_mask=mask, cache=cache)
+
+    state = {"cache": KVCache.init(model.config, batch, slots, cache_dtype)}
+
+    def run() -> None:
+        cache = state["cache"].replace(end=jnp.full((batch,), end, jnp.int32))  # donated below
+        for _ in range(4):
+            logits, cache = step(params, cache)
+        logits.block_until_ready()
+        state["cache"] = cache
+
+    run()
+    return run
 
 
 def torch_generation(
@@ -161,11 +197,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=None, help="timed runs per phase (best kept)")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--train-only", action="store_true", help="only the fwd+bwd rows")
+    parser.add_argument("--generate-only", action="store_true", help="only the generate rows")
+    parser.add_argument("--decode-fills", type=float, nargs="+", default=(),
+                        help="also time one decode step of the first batch with the cache "
+                        "(--cache-slots) this full, e.g. 0.25 0.5 1.0")
+    parser.add_argument("--cache-slots", type=int, default=None,
+                        help="KV cache slots of the JAX sampler (default: prompt + new tokens)")
+    parser.add_argument("--cache-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="KV cache storage of the JAX sampler (default: float32)")
     args = parser.parse_args()
     quick = args.quick
     batches = args.batches or ([1, 4] if quick else [1, 8, 32, 128])
     prompt_len, new_tokens = (32, 16) if quick else (150, 64)
     prompt_len = args.prompt_len or prompt_len
+    if args.cache_slots is not None and args.cache_slots < prompt_len + new_tokens:
+        parser.error(f"--cache-slots {args.cache_slots} is below prompt + new tokens "
+                     f"({prompt_len} + {new_tokens}); give at least {prompt_len + new_tokens}")
     train_shape = tuple(args.train_shape or ((2, 128) if quick else (8, 512)))
     reps = args.reps or (1 if quick else 2)
     cores = os.cpu_count() or 1
@@ -193,9 +240,15 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows: list[tuple[str, float, float | None, str, float]] = []  # name, jax, torch, unit, flops
 
+    cache_note = (
+        f", JAX cache {args.cache_slots or 'fitted'} slots {args.cache_dtype or 'float32'}"
+        if args.cache_slots or args.cache_dtype else ""
+    )
     for b in [] if args.train_only else batches:
         prompts = rng.integers(100, vocab, (b, prompt_len)).astype(np.int32)
-        compile_s, run_jax = jax_generation(model, prompts, new_tokens)
+        compile_s, run_jax = jax_generation(
+            model, prompts, new_tokens, args.cache_slots, args.cache_dtype
+        )
         run_torch = (
             torch_generation(hf_model, prompts, new_tokens, tokenizer.eos_token_id)
             if hf_model is not None
@@ -210,7 +263,7 @@ def main() -> None:
         tokens = b * new_tokens
         rows.append(
             (
-                f"generate B={b} ({prompt_len}+{new_tokens} tok), generated tok/s",
+                f"generate B={b} ({prompt_len}+{new_tokens} tok{cache_note}), generated tok/s",
                 tokens / t_jax,
                 t_torch and tokens / t_torch,
                 "tok/s",
@@ -220,21 +273,32 @@ def main() -> None:
         if b == batches[min(2, len(batches) - 1)]:
             rows.append((f"compile prefill+decode B={b}, s", compile_s, None, "s", 0.0))
 
-    batch = rng.integers(100, vocab, (train_shape[0], train_shape[1] + 1)).astype(np.int32)
-    compile_s, run_jax = jax_train_step(model, batch)
-    run_torch = torch_train_step(hf_model.train(), batch) if hf_model is not None else None
-    t_jax, t_torch = best_times([run_jax, run_torch], reps)
-    tokens = train_shape[0] * train_shape[1]
-    rows.append(
-        (
-            f"train fwd+bwd {train_shape[0]}x{train_shape[1]}, tok/s",
-            tokens / t_jax,
-            t_torch and tokens / t_torch,
-            "tok/s",
-            6.0 * n_params,
+    for fill in args.decode_fills:
+        if not 0.0 < fill <= 1.0:
+            parser.error(f"--decode-fills {fill}: a fill is in (0, 1]")
+        slots, b = args.cache_slots or prompt_len + new_tokens, batches[0]
+        (t_step,) = best_times([jax_decode_step(model, b, slots, args.cache_dtype, fill)], reps)
+        name = (f"decode step B={b}, cache {slots} slots {args.cache_dtype or 'float32'} "
+                f"{round(100 * fill)}% full, ms")
+        rows.append((name, 1e3 * t_step / 4, None, "ms", 0.0))
+        progress(f"{name}: {1e3 * t_step / 4:.1f}")
+
+    if not args.generate_only:
+        batch = rng.integers(100, vocab, (train_shape[0], train_shape[1] + 1)).astype(np.int32)
+        compile_s, run_jax = jax_train_step(model, batch)
+        run_torch = torch_train_step(hf_model.train(), batch) if hf_model is not None else None
+        t_jax, t_torch = best_times([run_jax, run_torch], reps)
+        tokens = train_shape[0] * train_shape[1]
+        rows.append(
+            (
+                f"train fwd+bwd {train_shape[0]}x{train_shape[1]}, tok/s",
+                tokens / t_jax,
+                t_torch and tokens / t_torch,
+                "tok/s",
+                6.0 * n_params,
+            )
         )
-    )
-    rows.append(("compile fwd+bwd, s", compile_s, None, "s", 0.0))
+        rows.append(("compile fwd+bwd, s", compile_s, None, "s", 0.0))
 
     print(
         f"\nSmolLM2-135M ({n_params / 1e6:.1f} M params, float32). f32 matmul peak: "
@@ -244,7 +308,7 @@ def main() -> None:
     print("| phase | starpo-jax | transformers | jax / torch | jax % peak | torch % peak |")
     print("|---|---|---|---|---|---|")
     for name, jx, th, unit, flops_per_token in rows:
-        if unit == "s":
+        if unit in ("s", "ms"):
             print(f"| {name} | {jx:.1f} | | | | |")
             continue
         ratio = f"{jx / th:.2f}x" if th else ""
