@@ -73,8 +73,8 @@ def attention(
     than half the time of SmolLM2's attention forward+backward; measured in
     experiments/bench_sampler.py's training row). A query with no visible key (padding) gets a
     uniform softmax over the keys its block reads instead of over all of them.
-    Otherwise (a prefill into a cache, or a decode step) the queries go in blocks of
-    PREFILL_BLOCK against all keys: each query's softmax is its own, so the result is the
+    Otherwise (a prefill into a cache; decode steps go to `decode_attention`) the queries go in
+    blocks of PREFILL_BLOCK against all keys: each query's softmax is its own, so the result is the
     unblocked one.
     """
     b, t, h, hd = q.shape
@@ -119,10 +119,10 @@ def decode_attention(
     A cache is sized for a whole trajectory, so most of it is empty for most of the rollout: the
     keys go in blocks of DECODE_KEY_BLOCK slots (a while loop with an online softmax) up to the
     last block any row has filled, each block sliced straight out of the whole cache, so the
-    empty slots are never read and the layer is never copied out. SmolLM2 at 16 rows, 1732
-    slots, half full: ~2x less decode-step time than one softmax over the whole layer (see
-    experiments/bench_sampler.py's --cache-slots rows). The result is that softmax up to float
-    rounding (a row's blocks combine exactly; the block order is fixed).
+    empty slots are never read and the layer is never copied out. With the head-major cache and
+    `_dot_f32`, SmolLM2's decode step at 16 rows and 1732 bfloat16 slots went from 367 to 122 ms
+    half full and from 376 to 196 ms full (experiments/bench_sampler.py --decode-fills; README).
+    The result is that one softmax up to float rounding; the block order is fixed.
     """
     b, _, h, hd = q.shape
     kvh, slots = cache_k.shape[2], cache_k.shape[3]
@@ -168,8 +168,7 @@ def _dot_f32(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     float32), so the result is the float32 one within ~1e-5 relative. Widening y instead writes a
     float32 copy of every layer's cache on every call: SmolLM2's decode attention at 16 rows and
     1732 slots took 27 ms per layer that way, 5.0 ms split, against 10.9 ms for the broadcast
-    product over the [B, S, KVH, hd] cache used before (/tmp measurement; the whole decode step
-    is in experiments/bench_sampler.py's --cache-slots rows).
+    product over the [B, S, KVH, hd] cache used before (one layer's attention timed alone).
     """
     if x.dtype == jnp.float32 and y.dtype == jnp.bfloat16:
         hi = x.astype(jnp.bfloat16)
