@@ -74,8 +74,8 @@ def jax_generation(
     """(compile seconds, one warmed-up generate call) of the starpo-jax sampler.
 
     The cache has `cache_slots` slots (default: exactly prompt + new tokens) in `cache_dtype`
-    (default: the model's). Attention reads every slot of it at every step, filled or not, as
-    in the rollout, whose cache is sized for the whole trajectory."""
+    (default: the model's), as the rollout's is sized for the whole trajectory: prefill reads
+    all of it, a decode step only the filled key blocks (models/layers.decode_attention)."""
     b, t = prompts.shape
     options = SamplingOptions(max_new_tokens=new_tokens, temperature=1.0)  # no EOS: full budget
     graphdef, params = nnx.split(model)
@@ -213,6 +213,9 @@ def main() -> None:
     if args.cache_slots is not None and args.cache_slots < prompt_len + new_tokens:
         parser.error(f"--cache-slots {args.cache_slots} is below prompt + new tokens "
                      f"({prompt_len} + {new_tokens}); give at least {prompt_len + new_tokens}")
+    for fill in args.decode_fills:
+        if not 0.0 < fill <= 1.0:
+            parser.error(f"--decode-fills {fill}: a fill is in (0, 1]")
     train_shape = tuple(args.train_shape or ((2, 128) if quick else (8, 512)))
     reps = args.reps or (1 if quick else 2)
     cores = os.cpu_count() or 1
@@ -274,8 +277,6 @@ def main() -> None:
             rows.append((f"compile prefill+decode B={b}, s", compile_s, None, "s", 0.0))
 
     for fill in args.decode_fills:
-        if not 0.0 < fill <= 1.0:
-            parser.error(f"--decode-fills {fill}: a fill is in (0, 1]")
         slots, b = args.cache_slots or prompt_len + new_tokens, batches[0]
         (t_step,) = best_times([jax_decode_step(model, b, slots, args.cache_dtype, fill)], reps)
         name = (f"decode step B={b}, cache {slots} slots {args.cache_dtype or 'float32'} "

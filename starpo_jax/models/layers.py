@@ -126,8 +126,9 @@ def decode_attention(
     """
     b, _, h, hd = q.shape
     kvh, slots = cache_k.shape[2], cache_k.shape[3]
+    g = h // kvh
     block = min(DECODE_KEY_BLOCK, slots)
-    qh = q.reshape(b, kvh, h // kvh, 1, hd)  # [B, KVH, G, 1, hd]
+    qh = q.reshape(b, kvh, g, 1, hd)  # [B, KVH, G, 1, hd]
     blocks = jnp.maximum((bound + block - 1) // block, 1)
 
     def read(cache: jax.Array, start: jax.Array) -> jax.Array:
@@ -151,7 +152,6 @@ def decode_attention(
             "bkgts,bksd->bkgtd", probs.astype(q.dtype), read(cache_v, start))
         return new_top, total, acc
 
-    g = h // kvh
     init = (jnp.full((b, kvh, g, 1), _MASKED, jnp.float32), jnp.zeros((b, kvh, g, 1), jnp.float32),
             jnp.zeros((b, kvh, g, 1, hd), jnp.float32))
     _, total, acc = jax.lax.fori_loop(0, blocks, body, init)
