@@ -66,7 +66,7 @@ def _setup(model_name: str, env_name: str, p: int, n: int, turns: int, reply: in
         rollout=RolloutConfig(groups=p, group_size=n, max_turns=turns, reply_tokens=reply,
                               cache_dtype=knobs["cache_dtype"], chunks=knobs["chunks"]),
         filter=FilterConfig(keep_ratio=0.25),
-        optim=OptimConfig(minibatches=1, micro_batches=knobs["micro_batches"],
+        optim=OptimConfig(micro_batches=knobs["micro_batches"],
                           remat=knobs["remat"]))
     return model, tok, env, codec, config
 

@@ -40,7 +40,7 @@ SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": Advan
             "loss": LossConfig, "optim": OptimConfig}
 DTYPES = ("float32", "bfloat16")
 # Dataclass fields that may be None: typed so that --config overrides parse.
-_OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool}
+_OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str}
 # Set by the `nothink` switch, not a key of its own.
 _DERIVED = {"rollout": ("mode",)}
 
@@ -299,13 +299,13 @@ def memory_plan(exp: Experiment) -> MemoryPlan:
 def shrink_hint(train: TrainConfig) -> str:
     """The settings that make a step need less memory, with their values in `train`."""
     o, r = train.optim, train.rollout
-    rows = train.kept_groups * r.group_size // o.minibatches
+    rows = train.kept_rows // train.minibatches
     return (f"Settings that shrink it: optim.micro_batches (now {o.micro_batches}; a divisor of "
             f"the {rows} rows of a mini-batch), optim.remat=True (now {o.remat}), "
             f"rollout.cache_dtype='bfloat16' (now {r.cache_dtype!r}), rollout.chunks (now "
-            f"{r.chunks}; a divisor of rollout.groups = {r.groups}), optim.minibatches (now "
-            f"{o.minibatches}), or smaller rollout.groups / group_size / reply_tokens / "
-            "max_turns. check_memory=False runs it anyway.")
+            f"{r.chunks}; a divisor of rollout.groups = {r.groups}), a smaller "
+            f"optim.minibatch_rows (now {o.minibatch_rows}), or smaller rollout.groups / "
+            "group_size / reply_tokens / max_turns. check_memory=False runs it anyway.")
 
 
 def check_memory(exp: Experiment, anywhere: Callable[[bool], bool] = bool) -> MemoryPlan:

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Any
 
+from starpo_jax.advantages import advantage_estimator_names
 from starpo_jax.filtering import num_kept_groups
 
 ALGOS = ("ppo", "grpo")
@@ -21,7 +22,6 @@ MODES = ("think", "nothink")
 FILTER_MODES = ("std", "std_rev")
 GRPO_MODES = ("mean_std", "mean", "none")
 REWARD_PLACEMENTS = ("trajectory", "turn")
-PPO_ESTIMATORS = ("gae", "bi_level_gae")
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_KINDS = ("k1", "k3", "mse", "abs")
 CACHE_DTYPES = ("float32", "bfloat16")
@@ -43,6 +43,11 @@ def _number(owner: str, name: str, value: Any, low: float, high: float, *, low_o
     if not ok:
         _fail(owner, name, value, f"a number in {'(' if low_open else '['}{low}, {high}"
                                   f"{')' if high_open else ']'}")
+
+
+def _bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(owner, name, value, "True or False")
 
 
 def _choice(owner: str, name: str, value: Any, options: tuple[str, ...]) -> None:
@@ -71,6 +76,10 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     format_penalty: float = -0.1  # added to a turn's reward when its reply is badly formatted
+    # The N rollouts of a group start from the same state; False (the original's current code)
+    # gives each its own stream of env randomness (Bandit payouts, FrozenLake slips), True
+    # copies the initial state's stream to all N (the original's first release).
+    shared_env_randomness: bool = False
     # Storage of the KV cache ("bfloat16" halves it; attention still runs in float32).
     cache_dtype: str = "float32"
     # The train step rolls the groups out in this many sequential chunks (each with its own
@@ -89,6 +98,7 @@ class RolloutConfig:
         _number(o, "format_penalty", self.format_penalty, -100.0, 0.0)
         _choice(o, "cache_dtype", self.cache_dtype, CACHE_DTYPES)
         _int(o, "chunks", self.chunks)
+        _bool(o, "shared_env_randomness", self.shared_env_randomness)
         if self.groups % self.chunks:
             _fail(o, "chunks", self.chunks, f"a divisor of rollout.groups = {self.groups}")
 
@@ -114,13 +124,17 @@ class FilterConfig:
 class AdvantageConfig:
     """How advantages are estimated.
 
-    PPO uses `estimator` ("gae" or "bi_level_gae") with the critic; GRPO normalises trajectory
-    scores within each group (`grpo_mode`). `reward_placement`: the score sits on the last reply
+    `estimator` names an estimator of the registry (`advantages.register_advantage_estimator`:
+    "gae", "bi_level_gae", "grpo", and any registered later); None picks the algorithm's own
+    ("gae" for PPO, "grpo" for GRPO). An estimator is called with the fields below that its
+    signature names (grpo_mode as `mode`, whiten as `whiten_advantages`). GRPO normalises
+    trajectory scores within each group (`grpo_mode`: "mean_std"; "mean" is Dr.GRPO's, without
+    the std normalisation). `reward_placement`: the score sits on the last reply
     token of the trajectory ("trajectory", the original's) or each turn's reward on the last
     token of that turn ("turn").
     """
 
-    estimator: str = "gae"
+    estimator: str | None = None
     gamma: float = 1.0
     lam: float = 1.0
     gamma_turn: float = 0.95  # bi-level GAE's turn-level discount
@@ -130,7 +144,8 @@ class AdvantageConfig:
 
     def __post_init__(self) -> None:
         o = "advantage"
-        _choice(o, "estimator", self.estimator, PPO_ESTIMATORS)
+        if self.estimator is not None:
+            _choice(o, "estimator", self.estimator, advantage_estimator_names())
         for name in ("gamma", "lam", "gamma_turn"):
             _number(o, name, getattr(self, name), 0.0, 1.0)
         _choice(o, "grpo_mode", self.grpo_mode, GRPO_MODES)
@@ -176,7 +191,10 @@ class OptimConfig:
 
     rollout_reuse (Online-k): k update rounds on one rollout batch; each round recomputes the
     old log-probs, values and advantages with the current parameters, then runs ppo_epochs
-    passes of `minibatches` mini-batch updates (k = 1 is the original's default and best).
+    passes over the kept rows in mini-batches of `minibatch_rows` rows (the original's
+    ppo_mini_batch_size, 32: vanilla StarPO's 128 rows make 4 updates, StarPO-S's 32 kept rows
+    one). Fewer kept rows than that are one mini-batch of all of them. k = 1 is the original's
+    default and best.
 
     Memory knobs (results unchanged up to float rounding): micro_batches splits each mini-batch
     into that many row slices whose gradients are summed before its one update (gradient
@@ -191,7 +209,7 @@ class OptimConfig:
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
     ppo_epochs: int = 1
-    minibatches: int = 1
+    minibatch_rows: int = 32
     rollout_reuse: int = 1
     logit_chunk: int = 128  # reply tokens per chunk when computing [*, V] logits
     micro_batches: int = 1
@@ -203,7 +221,7 @@ class OptimConfig:
             _number(o, name, getattr(self, name), 0.0, 10.0, low_open=True)
         _number(o, "weight_decay", self.weight_decay, 0.0, 10.0)
         _number(o, "max_grad_norm", self.max_grad_norm, 0.0, 1e6, low_open=True)
-        for name in ("ppo_epochs", "minibatches", "rollout_reuse", "logit_chunk", "micro_batches"):
+        for name in ("ppo_epochs", "minibatch_rows", "rollout_reuse", "logit_chunk", "micro_batches"):
             _int(o, name, getattr(self, name))
         if not isinstance(self.remat, bool):
             _fail(o, "remat", self.remat, "True or False")
@@ -227,14 +245,42 @@ class TrainConfig:
                            ("optim", OptimConfig)):
             if not isinstance(getattr(self, name), kind):
                 _fail("config", name, getattr(self, name), f"a {kind.__name__}")
-        rows = self.kept_groups * self.rollout.group_size
-        if rows % self.optim.minibatches:
-            _fail("optim", "minibatches", self.optim.minibatches,
-                  f"a divisor of the {rows} kept rows (kept groups x group_size)")
-        rows //= self.optim.minibatches
+        rows, per = self.kept_rows, self.optim.minibatch_rows
+        if rows > per and rows % per:
+            _fail("optim", "minibatch_rows", per,
+                  f"a divisor of the {rows} kept rows (kept groups x group_size), or >= {rows}")
+        rows //= self.minibatches
         if rows % self.optim.micro_batches:
             _fail("optim", "micro_batches", self.optim.micro_batches,
-                  f"a divisor of the {rows} rows of a mini-batch (kept rows / minibatches)")
+                  f"a divisor of the {rows} rows of a mini-batch")
+        estimator = self.estimator
+        if self.algo == "grpo" and estimator in ("gae", "bi_level_gae"):
+            _fail("advantage", "estimator", estimator, "one without a critic for algo 'grpo' "
+                  "(e.g. 'grpo'), or algo 'ppo'")
+
+    @property
+    def estimator(self) -> str:
+        """The advantage estimator's registry name (advantage.estimator, or the algo's own)."""
+        if self.advantage.estimator is not None:
+            return self.advantage.estimator
+        return "gae" if self.algo == "ppo" else "grpo"
+
+    @property
+    def kept_rows(self) -> int:
+        """Rows the update trains on: kept groups x group_size."""
+        return self.kept_groups * self.rollout.group_size
+
+    @property
+    def minibatches(self) -> int:
+        """Mini-batches per epoch: kept rows / minibatch_rows, at least 1."""
+        return max(1, self.kept_rows // self.optim.minibatch_rows)
+
+    @property
+    def single_update(self) -> bool:
+        """Exactly one update per rollout (one mini-batch, one epoch, k = 1): the PPO ratio is
+        1 by construction, so no separate old-log-prob forward is needed."""
+        o = self.optim
+        return self.minibatches == 1 and o.ppo_epochs == 1 and o.rollout_reuse == 1
 
     @property
     def kept_groups(self) -> int:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from starpo_jax.config import RolloutConfig
+from starpo_jax.forward import merge_rows
 from starpo_jax.models.cache import KVCache
 from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.sampling import SamplingOptions, generate_pure
@@ -43,7 +44,10 @@ class Rollout(flax.struct.PyTreeNode):
     lengths: jax.Array  # [B] int32 tokens in the buffer
     loss_mask: jax.Array  # [B, L] bool, the model's sampled tokens
     turn_ids: jax.Array  # [B, L] int32 turn index (0-based) of sampled tokens, -1 elsewhere
-    behaviour_logp: jax.Array  # [B, L] float32 sampler's log-prob (temperature 1) of sampled tokens
+    # The sampler's distribution at each sampled token (rollout temperature, before top-p /
+    # top-k truncation): log-prob of the token, and entropy. [B, L] float32, 0 elsewhere.
+    behaviour_logp: jax.Array
+    behaviour_entropy: jax.Array
     turn_rewards: jax.Array  # [B, T] float32 sum of env rewards of each turn
     format_penalties: jax.Array  # [B, T] float32 penalty (<= 0) of badly formatted turns
     turn_taken: jax.Array  # [B, T] bool the row took this turn
@@ -99,6 +103,21 @@ def _prefill(model: Any, ids: jax.Array, counts: jax.Array, cache: KVCache) -> K
 def _repeat_rows(tree: Any, n: int) -> Any:
     """Repeats every row n times (row p -> rows p*n .. p*n+n-1) of a [P, ...] pytree."""
     return jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), tree)
+
+
+def group_states(states: Any, n: int, *, shared_randomness: bool = False) -> Any:
+    """P initial env states -> the P * N rows' states (row p * N + i starts from state p).
+
+    Each row gets its own stream of env randomness, `fold_in(state.key, i)` (the original's
+    current code: a group's in-reward std then measures the policy, not one shared coin flip),
+    unless `shared_randomness`, where all N copy the initial state's key (its first release).
+    States without a `key` field are repeated as they are.
+    """
+    rows = _repeat_rows(states, n)
+    if shared_randomness or not hasattr(states, "key"):
+        return rows
+    index = jnp.tile(jnp.arange(n), states.key.shape[0])
+    return rows.replace(key=jax.vmap(jax.random.fold_in)(rows.key, index))
 
 
 def _repeat_cache(cache: KVCache, n: int) -> KVCache:
@@ -170,10 +189,10 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                            KVCache.init(model.config, p, length, config.cache_dtype))
     cache = _repeat_cache(group_cache, n)
     first_ids, first_n = jnp.repeat(first_ids, n, axis=0), jnp.repeat(first_n, n, axis=0)
-    states = _repeat_rows(states, n)
+    states = group_states(states, n, shared_randomness=config.shared_env_randomness)
 
     def turn(carry, k):
-        cache, buf, mask, tids, blogp, filled, states, active, taken, success, effective = carry
+        cache, buf, mask, tids, blogp, bent, filled, states, active, taken, success, effective = carry
         gen = generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, prefix.shape[0])),
                             jnp.full((b,), prefix.shape[0], jnp.int32),
                             jax.random.fold_in(sample_key, k), cache, token_bytes, options)
@@ -185,7 +204,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         buf = _write(buf, at, gen.tokens, kept)
         mask = _write(mask, at, jnp.ones_like(gen.tokens, bool), kept)
         tids = _write(tids, at, jnp.full_like(gen.tokens, k), kept)
-        blogp = _write(blogp, at, gen.policy_logprobs, kept)
+        blogp = _write(blogp, at, gen.logprobs, kept)
+        bent = _write(bent, at, gen.entropy, kept)
         filled = jnp.where(active, at + gen.lengths, filled)
 
         reply = jnp.concatenate([jnp.broadcast_to(prefix, (b, f)), gen.tokens], axis=1)
@@ -216,19 +236,22 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
 
         cache, buf, filled = jax.lax.cond(
             jnp.any(going) & (k + 1 < turns), next_message, lambda args: args, (cache, buf, filled))
-        carry = (cache, buf, mask, tids, blogp, filled, states, going, taken, success, effective)
+        carry = (cache, buf, mask, tids, blogp, bent, filled, states, going, taken, success,
+                 effective)
         return carry, outputs
 
     buf = _write(jnp.full((b, length), pad_id, jnp.int32), jnp.zeros((b,), jnp.int32),
                  first_ids, first_n)
     zeros_i = jnp.zeros((b,), jnp.int32)
+    zeros_f = jnp.zeros((b, length), jnp.float32)
     init = (cache, buf, jnp.zeros((b, length), bool), jnp.full((b, length), -1, jnp.int32),
-            jnp.zeros((b, length), jnp.float32), first_n, states, jnp.ones((b,), bool), zeros_i,
+            zeros_f, zeros_f, first_n, states, jnp.ones((b,), bool), zeros_i,
             jnp.zeros((b,), bool), zeros_i)
     carry, per_turn = jax.lax.scan(turn, init, jnp.arange(turns))
-    _, buf, mask, tids, blogp, filled, _, _, taken, success, effective = carry
+    _, buf, mask, tids, blogp, bent, filled, _, _, taken, success, effective = carry
     per_turn = jax.tree.map(lambda x: x.T, per_turn)  # [T, B] -> [B, T]
     return Rollout(tokens=buf, lengths=filled, loss_mask=mask, turn_ids=tids, behaviour_logp=blogp,
+                   behaviour_entropy=bent,
                    turn_rewards=per_turn["reward"], format_penalties=per_turn["penalty"],
                    turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],
                    think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],
@@ -250,5 +273,4 @@ def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: 
                       eos_id=eos_id, pad_id=pad_id)
         return mark(clock, "rollout_chunk", out, c)
 
-    outs = jax.lax.map(one, jnp.arange(config.chunks))
-    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), outs)
+    return merge_rows(jax.lax.map(one, jnp.arange(config.chunks)))

@@ -14,8 +14,8 @@ Semantics:
   cache. The loop exits as soon as every row has stopped.
 - The returned cache holds the prompt and all `lengths[b]` generated tokens of each row.
 - Log-probs: `logprobs` = log_softmax(logits / temperature) at the sampled token, before top-k /
-  top-p truncation; `policy_logprobs` = log_softmax(logits), the unmodified policy the trainer
-  needs. Both are 0 at padding.
+  top-p truncation, and `entropy` = that distribution's entropy: the policy the trainer scores
+  (it divides its logits by the same temperature, veRL's convention). Both are 0 at padding.
 - Randomness: step i draws from fold_in(key, i), so the same key gives the same tokens.
 """
 
@@ -79,11 +79,11 @@ class SamplingOptions:
 
 
 class GenerateOutput(flax.struct.PyTreeNode):
-    """tokens, logprobs, policy_logprobs [B, N]; lengths, stop_reason [B] int32; the new cache."""
+    """tokens, logprobs, entropy [B, N]; lengths, stop_reason [B] int32; the new cache."""
 
     tokens: jax.Array
     logprobs: jax.Array
-    policy_logprobs: jax.Array
+    entropy: jax.Array
     lengths: jax.Array
     stop_reason: jax.Array
     cache: KVCache
@@ -136,10 +136,13 @@ def sample_tokens(key: jax.Array, logits: jax.Array, options: SamplingOptions) -
     return jnp.where(index < x.shape[-1], index, jnp.argmax(x, axis=-1)).astype(jnp.int32)
 
 
-def token_logprob(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0) -> jax.Array:
-    """log_softmax(logits / temperature) at `tokens`: [B, V], [B] -> [B] float32."""
+def token_logprob(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0,
+                  ) -> tuple[jax.Array, jax.Array]:
+    """(log_softmax(logits / temperature) at `tokens`, that distribution's entropy):
+    [B, V], [B] -> ([B], [B]) float32."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0], entropy
 
 
 # ---------------------------------------------------------------- stop strings on bytes
@@ -229,7 +232,7 @@ def generate_pure(
         "cache": cache,
         "tokens": jnp.full((b, n), options.pad_id, jnp.int32),
         "logprobs": zeros,
-        "policy_logprobs": zeros,
+        "entropy": zeros,
         "lengths": jnp.zeros((b,), jnp.int32),
         "reason": jnp.full((b,), StopReason.RUNNING, jnp.int32),
         "tail": jnp.full((b, stop_tail_width(options.stop)), -1, jnp.int32),
@@ -243,12 +246,8 @@ def generate_pure(
         active = s["reason"] == StopReason.RUNNING
         token = sample_tokens(jax.random.fold_in(key, i), logits, options)
         token = jnp.where(active, token, options.pad_id)
-        policy_logp = jnp.where(active, token_logprob(logits, token), 0.0)
-        logp = (
-            policy_logp
-            if options.temperature == 1.0
-            else jnp.where(active, token_logprob(logits, token, options.temperature), 0.0)
-        )
+        logp, entropy = token_logprob(logits, token, options.temperature)
+        logp, entropy = jnp.where(active, logp, 0.0), jnp.where(active, entropy, 0.0)
         reason = s["reason"]
         if options.stop:
             hit, tail = advance_stop_tail(s["tail"], token, *token_bytes, options.stop)
@@ -273,7 +272,7 @@ def generate_pure(
             "cache": cache,
             "tokens": column(s["tokens"], token),
             "logprobs": column(s["logprobs"], logp),
-            "policy_logprobs": column(s["policy_logprobs"], policy_logp),
+            "entropy": column(s["entropy"], entropy),
             "lengths": s["lengths"] + active.astype(jnp.int32),
             "reason": reason,
             "tail": tail,
@@ -283,7 +282,7 @@ def generate_pure(
     return GenerateOutput(
         tokens=s["tokens"],
         logprobs=s["logprobs"],
-        policy_logprobs=s["policy_logprobs"],
+        entropy=s["entropy"],
         lengths=s["lengths"],
         stop_reason=s["reason"],
         cache=s["cache"],
@@ -324,7 +323,7 @@ def generate(
     read. Compiles once per model graph, shapes and
     sampling settings; the parameters are arguments of the compiled function.
     Returns GenerateOutput: tokens [B, N] int32 (pad_id after each row's end), logprobs and
-    policy_logprobs [B, N] float32, lengths [B] int32, stop_reason [B] int32 (`StopReason`),
+    entropy [B, N] float32, lengths [B] int32, stop_reason [B] int32 (`StopReason`),
     and the updated cache.
     """
     options = SamplingOptions(

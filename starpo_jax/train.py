@@ -1,24 +1,30 @@
-"""The StarPO / StarPO-S training step: one compiled program per iteration.
+"""The StarPO / StarPO-S training step, as three public pieces and their composition.
 
-    state = init_train_state(config, key, model=model)
-    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
-                           pad_id=tok.pad_token_id)
-    state, metrics = step(state, key)        # the state is donated: use the returned one
+    fns = make_train_fns(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                         pad_id=tok.pad_token_id)
+    out = fns.rollout(state, key)                 # P x N trajectories (rollout.Rollout)
+    batch = fns.prepare(state, out)               # filter, old log-probs, values, advantages
+    state, metrics = fns.update(state, batch, key)  # the PPO / GRPO mini-batch updates
+    step = make_train_step(config, env, codec, ...)  # jit of the whole iteration, one program
+    state, metrics = step(state, key)             # the state is donated: use the returned one
 
-Inside `step`: rollout (P x N trajectories) -> uncertainty filter on the summed env rewards
-(K of P groups kept, static shapes [K * N, L]) -> Online-k rounds of { one teacher-forced
-forward for old log-probs (and critic values), advantages from the registry, ppo_epochs x
-minibatches of AdamW updates (lax.scan; a minibatch's gradient may be summed over
-optim.micro_batches row slices, and the forwards without a gradient run in as many slices,
-for memory) } -> a flat dict of float32 metrics. The reference
-forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
+`prepare` and `update` take any `Rollout`, however it was produced (a JAX env's compiled
+rollout, or a host-driven one). One iteration: rollout -> uncertainty filter on the summed env
+rewards (K of P groups kept, static shapes [K * N, L]) -> Online-k rounds of { old log-probs
+and critic values with the current weights, advantages from the registry, ppo_epochs passes of
+mini-batches of `optim.minibatch_rows` rows (AdamW; a mini-batch's gradient may be summed over
+optim.micro_batches row slices, and the forwards without a gradient run in as many slices) }
+-> a flat dict of float32 metrics. With exactly one update on a rollout (one mini-batch, one
+epoch, k = 1) the ratio is 1 by construction and the separate old-log-prob forward is skipped.
+The reference forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
 Parameters are arguments of the compiled function, never constants inside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, NamedTuple
 
 import flax.struct
 import jax
@@ -28,9 +34,10 @@ from flax import nnx
 
 from starpo_jax import advantages as adv_lib
 from starpo_jax.config import TrainConfig
-from starpo_jax.filtering import gather_group_rows, select_groups
-from starpo_jax.losses import (aggregate, aggregate_normaliser, kl_penalty, policy_loss,
-                               token_entropy, value_loss)
+from starpo_jax.filtering import GroupSelection, gather_group_rows, select_groups
+from starpo_jax.forward import (accumulated_grad, in_row_slices, sequence_logprobs,
+                                sequence_values)
+from starpo_jax.losses import aggregate, aggregate_normaliser, kl_penalty, policy_loss, value_loss
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.rollout import Rollout, chunked_rollout
@@ -51,6 +58,28 @@ class TrainState(flax.struct.PyTreeNode):
     step: jax.Array  # [] int32
 
 
+class Batch(flax.struct.PyTreeNode):
+    """What an update learns from: the kept rows of a rollout (R = K * N) and what `prepare`
+    computed on them. Optional fields are None when the config does not need them."""
+
+    rollout: Rollout  # the kept rows, [R, L] / [R, T]
+    selection: GroupSelection  # which groups were kept, and every group's reward std
+    advantages: jax.Array  # [R, L] float32
+    returns: jax.Array | None  # [R, L] float32 (PPO)
+    old_values: jax.Array | None  # [R, L] float32 (PPO)
+    old_logp: jax.Array | None  # [R, L] float32; None: one update, ratio 1 by construction
+    ref_logp: jax.Array | None  # [R, L] float32 (kl_coef > 0)
+
+
+class TrainFns(NamedTuple):
+    """The pure pieces of one iteration (not jitted: compose them, or `jax.jit` each)."""
+
+    rollout: Callable[[TrainState, jax.Array], Rollout]
+    prepare: Callable[..., Batch]  # (state, rollout, ref_logp=None) -> Batch
+    update: Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]
+    step: Callable[[TrainState, jax.Array], tuple[TrainState, Metrics]]
+
+
 def _optimizer(lr: float, config: TrainConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(config.optim.max_grad_norm),
                        optax.adamw(lr, weight_decay=config.optim.weight_decay))
@@ -64,48 +93,6 @@ def _graphdef(model: Decoder, *, value_head: bool, remat: bool) -> nnx.GraphDef:
     config = dataclasses.replace(model.config, remat=remat)
     abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), value_head=value_head))
     return nnx.graphdef(abstract)
-
-
-def _split_rows(tree: Any, pieces: int) -> Any:
-    """Every leaf [rows, ...] -> [pieces, rows / pieces, ...]."""
-    return jax.tree.map(lambda x: x.reshape(pieces, -1, *x.shape[1:]), tree)
-
-
-def _merge_rows(tree: Any) -> Any:
-    """Every leaf [pieces, rows / pieces, ...] -> [rows, ...] (undoes _split_rows)."""
-    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
-
-
-def accumulated_grad(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], params: Any, batch: Any,
-                     micro_batches: int) -> tuple[Any, Any]:
-    """Gradient of loss_fn(params, batch) -> (loss, aux) summed over `micro_batches` row slices.
-
-    Every leaf of batch is [rows, ...] with rows divisible by micro_batches; the slices' grads
-    are summed in a lax.scan, so only one slice's activations are live at a time. The sum is
-    the whole batch's gradient when loss_fn normalises by the whole batch (see
-    `losses.aggregate`'s normaliser). aux leaves [rows / micro_batches, ...] come back
-    concatenated to [rows, ...].
-    """
-    grad_fn = jax.grad(loss_fn, has_aux=True)
-    if micro_batches == 1:
-        return grad_fn(params, batch)
-
-    def add_slice(total, piece):
-        grads, aux = grad_fn(params, piece)
-        return jax.tree.map(jnp.add, total, grads), aux
-
-    grads, aux = jax.lax.scan(add_slice, jax.tree.map(jnp.zeros_like, params),
-                              _split_rows(batch, micro_batches))
-    return grads, _merge_rows(aux)
-
-
-def in_row_slices(fn: Callable[[Any], Any], batch: Any, pieces: int) -> Any:
-    """fn(batch) for a row-wise fn, computed on `pieces` row slices in turn (lax.map): the
-    same rows out, with one slice's activations live at a time (the old, reference and value
-    forwards of the update, under optim.micro_batches)."""
-    if pieces == 1:
-        return fn(batch)
-    return _merge_rows(jax.lax.map(fn, _split_rows(batch, pieces)))
 
 
 def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> TrainState:
@@ -125,68 +112,6 @@ def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> 
                       step=jnp.int32(0))
 
 
-def reply_slots(loss_mask: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
-    """Positions of the first `slots` reply tokens of each row, in order.
-
-    loss_mask [B, L] bool -> (positions [B, slots] int32 (0 where unused), used [B, slots] bool).
-    """
-    b, length = loss_mask.shape
-    rank = jnp.cumsum(loss_mask, axis=1) - 1
-    target = jnp.where(loss_mask & (rank < slots), rank, slots)
-    positions = jnp.zeros((b, slots), jnp.int32).at[jnp.arange(b)[:, None], target].set(
-        jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length)), mode="drop")
-    return positions, jnp.arange(slots) < jnp.minimum(loss_mask.sum(1), slots)[:, None]
-
-
-def sequence_logprobs(model: Decoder, tokens: jax.Array, lengths: jax.Array,
-                      loss_mask: jax.Array, slots: int, chunk: int,
-                      ) -> tuple[jax.Array, jax.Array]:
-    """Teacher-forced log p(tokens[t] | tokens[:t]) and that distribution's entropy, at reply
-    tokens only.
-
-    tokens [B, L] int32, lengths [B] int32, loss_mask [B, L] bool (reply tokens, none at t = 0);
-    slots: static bound on reply tokens per row. Returns (logp, entropy), [B, L] float32, 0 off
-    the mask. Logits exist only for the reply positions, `chunk` of them at a time, and are
-    recomputed in the backward pass: the [*, V] projection is the costly part for small models.
-    """
-    b = tokens.shape[0]
-    mask = jnp.arange(tokens.shape[1]) < lengths[:, None]
-    hidden = model.hidden_states(tokens, attention_mask=mask)
-    positions, used = reply_slots(loss_mask, slots)
-    rows = jnp.arange(b)[:, None]
-    # The hidden state at t - 1 predicts the token at t.
-    h = hidden[rows, jnp.maximum(positions - 1, 0)]
-    targets = tokens[rows, positions]
-    pad = -slots % chunk
-    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    n = (slots + pad) // chunk
-
-    @jax.checkpoint
-    def one(xs):
-        h, t = xs
-        logits = model.logits_from_hidden(h)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return jnp.take_along_axis(logp, t[..., None], axis=-1)[..., 0], token_entropy(logits)
-
-    split = lambda x: jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)  # noqa: E731
-    logp, entropy = jax.lax.map(one, (split(h), split(targets)))
-
-    def scatter(x):
-        x = jnp.moveaxis(x, 0, 1).reshape(b, -1)[:, :slots]
-        cols = jnp.where(used, positions, tokens.shape[1])
-        return jnp.zeros(tokens.shape, jnp.float32).at[rows, cols].set(x, mode="drop")
-
-    return scatter(logp), scatter(entropy)
-
-
-def sequence_values(critic: Decoder, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
-    """V of the context before each token: [B, L] int32, [B] -> [B, L] float32 (0 at t = 0)."""
-    mask = jnp.arange(tokens.shape[1]) < lengths[:, None]
-    values = critic.value(tokens, attention_mask=mask)
-    return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))
-
-
 def token_rewards(batch: Rollout, placement: str) -> jax.Array:
     """Rewards (format penalties included) on reply tokens: [B, L] float32.
 
@@ -204,18 +129,21 @@ def token_rewards(batch: Rollout, placement: str) -> jax.Array:
     return jnp.where(ends, reward, 0.0)
 
 
-def _advantages(config: TrainConfig, batch: Rollout, values: jax.Array | None):
+def advantages(config: TrainConfig, batch: Rollout, values: jax.Array | None,
+               ) -> tuple[jax.Array, jax.Array | None]:
+    """(advantages, returns | None) [R, L] of config.estimator (a name in the advantage
+    registry), called with the AdvantageConfig values its signature names."""
     a = config.advantage
     inputs = adv_lib.AdvantageInputs(
         token_rewards=token_rewards(batch, a.reward_placement), reply_mask=batch.loss_mask,
         values=values, turn_ids=batch.turn_ids,
         scores=batch.scores.reshape(-1, config.rollout.group_size))
-    params: dict[str, Any] = {} if a.whiten is None else {"whiten_advantages": a.whiten}
-    if config.algo == "grpo":
-        return adv_lib.get_advantage_estimator("grpo")(inputs, mode=a.grpo_mode, **params)
-    if a.estimator == "bi_level_gae":
-        params["gamma_turn"] = a.gamma_turn
-    return adv_lib.get_advantage_estimator(a.estimator)(inputs, gamma=a.gamma, lam=a.lam, **params)
+    fn = adv_lib.get_advantage_estimator(config.estimator)
+    offered = {"gamma": a.gamma, "lam": a.lam, "gamma_turn": a.gamma_turn, "mode": a.grpo_mode}
+    if a.whiten is not None:
+        offered["whiten_advantages"] = a.whiten
+    accepted = inspect.signature(fn).parameters
+    return fn(inputs, **{k: v for k, v in offered.items() if k in accepted})
 
 
 def _mean(x: jax.Array, where: jax.Array) -> jax.Array:
@@ -223,9 +151,16 @@ def _mean(x: jax.Array, where: jax.Array) -> jax.Array:
     return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1.0)
 
 
-def rollout_metrics(out: Rollout, kept: Rollout, group_std: jax.Array, kept_idx: jax.Array,
-                    ) -> Metrics:
-    """Rollout statistics (issue 6 names) from the whole batch and the filtered one."""
+def logprob_diff(behaviour: jax.Array, logp: jax.Array, mask: jax.Array) -> Metrics:
+    """Sampler / trainer mismatch: |behaviour log-prob - trainer log-prob| over sampled tokens."""
+    diff = jnp.abs(behaviour - logp)
+    return {"rollout/logprob_diff_mean": _mean(diff, mask),
+            "rollout/logprob_diff_max": jnp.max(jnp.where(mask, diff, 0.0))}
+
+
+def rollout_metrics(out: Rollout, batch: Batch, agg: str = "token_mean") -> Metrics:
+    """Statistics of the whole rollout and of its kept rows (the original's names)."""
+    kept, selection = batch.rollout, batch.selection
     reward, kept_reward = out.scores_without_penalty, kept.scores_without_penalty
     turns = out.turn_taken.sum(-1)
     steps = out.num_actions
@@ -234,8 +169,9 @@ def rollout_metrics(out: Rollout, kept: Rollout, group_std: jax.Array, kept_idx:
         "rollout/reward_mean": reward.mean(), "rollout/reward_std": reward.std(),
         "rollout/kept_reward_mean": kept_reward.mean(), "rollout/kept_reward_std": kept_reward.std(),
         "rollout/score_mean": out.scores.mean(),
-        "rollout/in_group_std_mean": group_std.mean(), "rollout/in_group_std_max": group_std.max(),
-        "rollout/chosen_in_group_std": group_std[kept_idx].mean(),
+        "rollout/in_group_std_mean": selection.group_std.mean(),
+        "rollout/in_group_std_max": selection.group_std.max(),
+        "rollout/chosen_in_group_std": selection.group_std[selection.indices].mean(),
         "rollout/response_length": _mean(out.reply_lengths, out.turn_taken),
         "rollout/sequence_length": out.lengths.mean(),  # buffer tokens: prompts, env text, replies
         "rollout/think_length": _mean(out.think_tokens, out.turn_taken),
@@ -244,18 +180,19 @@ def rollout_metrics(out: Rollout, kept: Rollout, group_std: jax.Array, kept_idx:
         "rollout/action_is_valid": _mean(out.format_ok, out.turn_taken),
         "rollout/action_is_effective": out.effective_actions.sum() / jnp.maximum(steps.sum(), 1),
         "rollout/format_penalty_rate": _mean(out.format_penalties < 0, out.turn_taken),
+        # The sampler's entropy over every rolled-out row (the collapse monitor's signal; the
+        # kept rows alone are the highest-std groups and would bias it upward).
+        "actor/entropy": aggregate(out.behaviour_entropy, out.loss_mask, agg),
     }
 
 
-def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,
-                    pad_id: int, mesh: jax.sharding.Mesh | None = None,
-                    phase_clock: PhaseClock | None = None,
-                    ) -> Callable[[TrainState, jax.Array], tuple[TrainState, Metrics]]:
-    """The compiled step(train_state, key) -> (train_state, metrics); see the module docstring.
+def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,
+                   pad_id: int, mesh: jax.sharding.Mesh | None = None,
+                   phase_clock: PhaseClock | None = None) -> TrainFns:
+    """rollout / prepare / update and their composition `step` (see the module docstring).
 
     codec must be built for this env and tokenizer with config.rollout's mode,
-    max_actions_per_turn and reply_tokens (as max_tokens). With `mesh`, the step is jitted with
-    the partition rules of `sharding.py` (batch over "fsdp", weights by logical axes).
+    max_actions_per_turn and reply_tokens. With `mesh`, batch axes are constrained to "fsdp".
     With `phase_clock`, the host is told as each phase ends (phases.py): "rollout_chunk" (index
     c, when rollout.chunks > 1), "rollout", "reference_logprobs" (kl_coef > 0), then per Online-k
     round "old_logprobs" (with the critic's values) and "update".
@@ -266,7 +203,7 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
     train_def = _graphdef(model, value_head=False, remat=opt.remat)
     critic_def = _graphdef(model, value_head=True, remat=opt.remat) if ppo else None
     actor_tx, critic_tx = _optimizer(opt.actor_lr, config), _optimizer(opt.critic_lr, config)
-    group = config.rollout.group_size
+    group, minibatches = config.rollout.group_size, config.minibatches
     if mesh is not None:
         from starpo_jax.sharding import constrain_batch
         constrain = lambda tree: constrain_batch(tree, mesh)  # noqa: E731
@@ -275,24 +212,27 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
 
     slots = config.rollout.max_turns * config.rollout.reply_tokens
     chunk = min(opt.logit_chunk, slots)
+    temperature = config.rollout.temperature
 
     def logprobs(params, batch):
         return sequence_logprobs(nnx.merge(train_def, params), batch.tokens, batch.lengths,
-                                 batch.loss_mask, slots, chunk)
+                                 batch.loss_mask, slots, chunk, temperature)
 
     def forward_logprobs(params, batch):
-        """logprobs without a gradient, in optim.micro_batches row slices (bounds memory)."""
-        return in_row_slices(lambda b: logprobs(params, b), batch, opt.micro_batches)
+        """Log-probs without a gradient, in optim.micro_batches row slices (bounds memory)."""
+        return in_row_slices(lambda b: logprobs(params, b)[0], batch, opt.micro_batches)
 
     def actor_objective(logp, entropy, mb, normaliser):
         """(loss to minimise, metrics) of reply log-probs [rows, L] under the minibatch's
         normaliser: the loss of a slice of the minibatch is its share of the minibatch's."""
         mask, agg = mb["rollout"].loss_mask, cfg.loss.agg
-        loss, stats = policy_loss(logp, mb["old_logp"], mb["advantages"], mask, cfg.loss.clip_low,
+        old = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)
+        loss, stats = policy_loss(logp, old, mb["advantages"], mask, cfg.loss.clip_low,
                                   cfg.loss.clip_high, cfg.loss.dual_clip, agg, normaliser)
         ent = aggregate(entropy, mask, agg, normaliser)
         aux = {"actor/pg_loss": loss, "actor/pg_clipfrac": stats.clipfrac_upper,
-               "actor/pg_clipfrac_lower": stats.clipfrac_lower, "actor/ppo_kl": stats.approx_kl}
+               "actor/pg_clipfrac_lower": stats.clipfrac_lower, "actor/ppo_kl": stats.approx_kl,
+               "actor/entropy_kept": ent}
         total = loss - cfg.loss.entropy_coef * ent
         if cfg.loss.kl_coef > 0:
             kl = aggregate(kl_penalty(logp, mb["ref_logp"], cfg.loss.kl_kind), mask, agg,
@@ -325,6 +265,8 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
         grads, (logp, entropy) = accumulated_grad(
             lambda p, b: actor_loss(p, b, normaliser), state.actor, mb, opt.micro_batches)
         _, aux = actor_objective(logp, entropy, mb, normaliser)
+        if "old_logp" not in mb:  # the one update: these log-probs are the pre-update ones
+            aux.update(logprob_diff(mb["rollout"].behaviour_logp, logp, mb["rollout"].loss_mask))
         aux["actor/grad_norm"] = optax.tree.norm(grads)
         updates, actor_opt = actor_tx.update(grads, state.actor_opt, state.actor)
         state = state.replace(actor=optax.apply_updates(state.actor, updates), actor_opt=actor_opt)
@@ -338,57 +280,81 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
                                   critic_opt=critic_opt)
         return state, aux
 
-    def update_round(state: TrainState, key, batch: Rollout, ref_logp):
-        """Old log-probs / values with the current weights, advantages, then the PPO passes."""
-        old_logp, entropy = forward_logprobs(state.actor, batch)
+    def rollout(state: TrainState, key: jax.Array) -> Rollout:
+        out = chunked_rollout(actor_def, state.actor, env, codec, config.rollout, key,
+                              eos_id=eos_id, pad_id=pad_id, clock=phase_clock)
+        return mark(phase_clock, "rollout", constrain(out))
+
+    def prepare(state: TrainState, out: Rollout, ref_logp: jax.Array | None = None) -> Batch:
+        """Filter, then (with the current weights) reference / old log-probs, values and
+        advantages of the kept rows. ref_logp: the reference log-probs of an earlier round."""
+        selection = select_groups(out.scores_without_penalty.reshape(-1, group),
+                                  config.filter.keep_ratio, config.filter.mode)
+        kept = constrain(gather_group_rows(out, selection.indices, group))
+        if cfg.loss.kl_coef > 0 and ref_logp is None:
+            ref_logp = mark(phase_clock, "reference_logprobs",
+                            forward_logprobs(state.reference, kept))
+        old_logp = None if config.single_update else forward_logprobs(state.actor, kept)
         values = None
         if ppo:
             critic = nnx.merge(critic_def, state.critic)
-            values = in_row_slices(lambda b: sequence_values(critic, b.tokens, b.lengths), batch,
+            values = in_row_slices(lambda b: sequence_values(critic, b.tokens, b.lengths), kept,
                                    opt.micro_batches)
-        old_logp, entropy, values = mark(phase_clock, "old_logprobs", (old_logp, entropy, values))
-        advantages, returns = _advantages(config, batch, values)
-        data = {"rollout": batch, "old_logp": old_logp, "advantages": advantages}
-        if ppo:
-            data.update(old_values=values, returns=returns)
-        if ref_logp is not None:
-            data["ref_logp"] = ref_logp
-        rows = batch.tokens.shape[0]
+        old_logp, values = mark(phase_clock, "old_logprobs", (old_logp, values))
+        adv, returns = advantages(config, kept, values)
+        return Batch(rollout=kept, selection=selection, advantages=adv, returns=returns,
+                     old_values=values, old_logp=old_logp, ref_logp=ref_logp)
+
+    def update(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainState, Metrics]:
+        """ppo_epochs passes over the batch in shuffled mini-batches -> (state, mean metrics)."""
+        data = {"rollout": batch.rollout, "advantages": batch.advantages}
+        for name in ("old_logp", "ref_logp", "old_values", "returns"):
+            if getattr(batch, name) is not None:
+                data[name] = getattr(batch, name)
+        rows = batch.advantages.shape[0]
 
         def epoch(state, epoch_key):
             order = jax.random.permutation(epoch_key, rows)
-            split = lambda x: constrain(x[order].reshape(opt.minibatches, -1, *x.shape[1:]))  # noqa: E731
+            split = lambda x: constrain(x[order].reshape(minibatches, -1, *x.shape[1:]))  # noqa: E731
             return jax.lax.scan(minibatch_update, state, jax.tree.map(split, data))
 
         state, aux = jax.lax.scan(epoch, state, jax.random.split(key, opt.ppo_epochs))
         state = mark(phase_clock, "update", state)
         aux = jax.tree.map(jnp.mean, aux)
-        aux["actor/entropy"] = aggregate(entropy, batch.loss_mask)
+        if batch.old_logp is not None:
+            aux.update(logprob_diff(batch.rollout.behaviour_logp, batch.old_logp,
+                                    batch.rollout.loss_mask))
         return state, aux
 
     def step(state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
         rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
-        out = constrain(chunked_rollout(actor_def, state.actor, env, codec, config.rollout,
-                                        rollout_key, eos_id=eos_id, pad_id=pad_id,
-                                        clock=phase_clock))
-        out = mark(phase_clock, "rollout", out)
-        selection = select_groups(out.scores_without_penalty.reshape(-1, group),
-                                  config.filter.keep_ratio, config.filter.mode)
-        batch = constrain(gather_group_rows(out, selection.indices, group))
-        ref_logp = None
-        if config.loss.kl_coef > 0:
-            ref_logp = mark(phase_clock, "reference_logprobs",
-                            forward_logprobs(state.reference, batch)[0])
+        out = rollout(state, rollout_key)
+        keys = jax.random.split(update_key, opt.rollout_reuse)
+        batch = prepare(state, out)
+        state, aux = update(state, batch, keys[0])
+        if opt.rollout_reuse > 1:  # Online-k: later rounds re-prepare with the current weights
+            def again(state, round_key):
+                return update(state, prepare(state, out, batch.ref_logp), round_key)
 
-        def round_(state, round_key):
-            return update_round(state, round_key, batch, ref_logp)
-
-        state, aux = jax.lax.scan(round_, state, jax.random.split(update_key, opt.rollout_reuse))
-        metrics = rollout_metrics(out, batch, selection.group_std, selection.indices)
-        metrics.update(jax.tree.map(jnp.mean, aux))
+            state, more = jax.lax.scan(again, state, keys[1:])
+            aux = {k: (v + more[k].sum()) / opt.rollout_reuse for k, v in aux.items()}
+        metrics = rollout_metrics(out, batch, cfg.loss.agg)
+        metrics.update(aux)
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics
 
+    return TrainFns(rollout=rollout, prepare=prepare, update=update, step=step)
+
+
+def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,
+                    pad_id: int, mesh: jax.sharding.Mesh | None = None,
+                    phase_clock: PhaseClock | None = None,
+                    ) -> Callable[[TrainState, jax.Array], tuple[TrainState, Metrics]]:
+    """The compiled step(train_state, key) -> (train_state, metrics): `make_train_fns(...).step`
+    under one jax.jit (with `mesh`: the partition rules of `sharding.py`, batch over "fsdp",
+    weights by logical axes). The state is donated."""
+    step = make_train_fns(config, env, codec, model=model, eos_id=eos_id, pad_id=pad_id,
+                          mesh=mesh, phase_clock=phase_clock).step
     if mesh is None:
         return jax.jit(step, donate_argnums=0)
     from starpo_jax.sharding import jit_sharded_step

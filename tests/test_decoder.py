@@ -224,7 +224,7 @@ def test_bfloat16_cache_decodes_like_float32(model):
                               greedy=True, cache=cache)
     assert out["bfloat16"].cache.k.dtype == jnp.uint16  # bfloat16 bit patterns (cache.py)
     np.testing.assert_array_equal(out["bfloat16"].tokens, out["float32"].tokens)
-    np.testing.assert_allclose(out["bfloat16"].policy_logprobs, out["float32"].policy_logprobs,
+    np.testing.assert_allclose(out["bfloat16"].logprobs, out["float32"].logprobs,
                                atol=5e-2)
 
 

@@ -151,7 +151,11 @@ def test_low_temperature_is_greedy_and_logprobs_match_numpy():
     np.testing.assert_array_equal(sample_tokens(jax.random.key(1), logits, greedy), argmax)
     x = np.asarray(logits, np.float64) / 0.7
     ref = x[np.arange(16), argmax] - np.log(np.exp(x).sum(-1))
-    np.testing.assert_allclose(token_logprob(logits, jnp.asarray(argmax), 0.7), ref, rtol=1e-5)
+    logp, entropy = token_logprob(logits, jnp.asarray(argmax), 0.7)
+    np.testing.assert_allclose(logp, ref, rtol=1e-5)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(entropy, -(p * np.log(p)).sum(-1), rtol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -240,16 +244,18 @@ def test_greedy_with_cache_equals_full_forwards_on_ragged_prompts(model, prompts
     np.testing.assert_array_equal(out.cache.end, lengths + 6)
 
 
-def test_logprobs_are_those_of_a_full_forward(model, prompts):
+def test_logprobs_and_entropy_are_those_of_a_full_forward(model, prompts):
     ids, lengths = prompts
     out = generate(model, ids, lengths, jax.random.key(5), max_new_tokens=5, temperature=0.8)
     for b in range(3):
         seq = np.concatenate([ids[b, : lengths[b]], np.asarray(out.tokens[b])])
         logits = _forward(model, seq.tolist())[lengths[b] - 1 : -1]
-        for temperature, got in ((1.0, out.policy_logprobs), (0.8, out.logprobs)):
-            x = logits / temperature
-            ref = x[np.arange(5), seq[lengths[b] :]] - np.log(np.exp(x).sum(-1))
-            np.testing.assert_allclose(got[b], ref, rtol=1e-4, atol=1e-5)
+        x = logits / 0.8
+        logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+        np.testing.assert_allclose(out.logprobs[b], logp[np.arange(5), seq[lengths[b] :]],
+                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out.entropy[b], -(np.exp(logp) * logp).sum(-1), rtol=1e-4,
+                                   atol=1e-5)
 
 
 def test_continuing_a_cache_equals_the_concatenated_prompt(model, prompts):

@@ -22,7 +22,8 @@ from flax import nnx  # noqa: E402
 
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
-from starpo_jax.train import init_train_state, make_train_step, sequence_logprobs  # noqa: E402
+from starpo_jax.forward import sequence_logprobs  # noqa: E402
+from starpo_jax.train import init_train_state, make_train_step  # noqa: E402
 from test_rollout import REPLY_TOKENS, tiny_bandit_setup  # noqa: E402
 
 
@@ -102,7 +103,7 @@ def test_same_key_same_metrics(algo):
                               mode="nothink"),
         filter=FilterConfig(keep_ratio=0.5),
         loss=LossConfig(kl_coef=0.01),
-        optim=OptimConfig(actor_lr=1e-3, minibatches=2, rollout_reuse=2))
+        optim=OptimConfig(actor_lr=1e-3, minibatch_rows=1, rollout_reuse=2))
     step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
                            pad_id=tok.pad_token_id)
     runs = []
@@ -151,7 +152,7 @@ def test_sharded_step_equals_single_device(tmp_path):
         rollout=RolloutConfig(groups=2, group_size=4, max_turns=2, reply_tokens=REPLY_TOKENS,
                               mode="nothink"),
         filter=FilterConfig(keep_ratio=1.0),
-        optim=OptimConfig(actor_lr=1e-3, minibatches=2))
+        optim=OptimConfig(actor_lr=1e-3, minibatch_rows=4))
     setup = tmp_path / "setup.pkl"
     setup.write_bytes(pickle.dumps((model, tok, env, codec, config)))
     env_vars = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"
@@ -196,7 +197,7 @@ def test_micro_batches_and_remat_change_nothing(algo, agg, optim):
                               mode="nothink"),
         filter=FilterConfig(keep_ratio=1.0),
         loss=LossConfig(agg=agg, kl_coef=0.01 if algo == "grpo" else 0.0, entropy_coef=0.01),
-        optim=OptimConfig(actor_lr=1e-3, critic_lr=1e-3, minibatches=2))
+        optim=OptimConfig(actor_lr=1e-3, critic_lr=1e-3, minibatch_rows=4))
     want_actor, want_critic, want = _step_outputs(base, setup)
     config = dataclasses.replace(base, optim=dataclasses.replace(base.optim, **optim))
     actor, critic, got = _step_outputs(config, setup)
@@ -210,8 +211,10 @@ def test_micro_batches_and_remat_change_nothing(algo, agg, optim):
 
 
 @pytest.mark.parametrize("optim,match", [
-    (dict(minibatches=2, micro_batches=3),
+    (dict(minibatch_rows=4, micro_batches=3),
      "optim.micro_batches = 3 is invalid; valid: a divisor of the 4 rows"),
+    (dict(minibatch_rows=3),
+     r"optim.minibatch_rows = 3 is invalid; valid: a divisor of the 8 kept rows .*, or >= 8"),
     (dict(micro_batches=0), "optim.micro_batches = 0 is invalid"),
     (dict(remat=1), "optim.remat = 1 is invalid; valid: True or False"),
 ])

@@ -1,0 +1,127 @@
+"""Teacher-forced forwards over rollout rows, and the row slicing that bounds their memory.
+
+    logp, entropy = sequence_logprobs(model, tokens, lengths, loss_mask, slots, chunk,
+                                      temperature=1.0)
+    values = sequence_values(critic, tokens, lengths)
+
+The policy's probabilities in training are those of the sampler's distribution: the logits are
+divided by the rollout temperature before every softmax (veRL's convention), so the PPO ratio,
+the entropy and the KL are on-policy at any temperature. top-p / top-k truncation is a sampling
+device only and is not applied here (as in veRL).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from starpo_jax.losses import token_entropy
+from starpo_jax.models.decoder import Decoder
+
+
+def split_rows(tree: Any, pieces: int) -> Any:
+    """Every leaf [rows, ...] -> [pieces, rows / pieces, ...]."""
+    return jax.tree.map(lambda x: x.reshape(pieces, -1, *x.shape[1:]), tree)
+
+
+def merge_rows(tree: Any) -> Any:
+    """Every leaf [pieces, rows / pieces, ...] -> [rows, ...] (undoes split_rows)."""
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
+
+
+def accumulated_grad(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], params: Any, batch: Any,
+                     micro_batches: int) -> tuple[Any, Any]:
+    """Gradient of loss_fn(params, batch) -> (loss, aux) summed over `micro_batches` row slices.
+
+    Every leaf of batch is [rows, ...] with rows divisible by micro_batches; the slices' grads
+    are summed in a lax.scan, so only one slice's activations are live at a time. The sum is
+    the whole batch's gradient when loss_fn normalises by the whole batch (see
+    `losses.aggregate`'s normaliser). aux leaves [rows / micro_batches, ...] come back
+    concatenated to [rows, ...].
+    """
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+    if micro_batches == 1:
+        return grad_fn(params, batch)
+
+    def add_slice(total, piece):
+        grads, aux = grad_fn(params, piece)
+        return jax.tree.map(jnp.add, total, grads), aux
+
+    grads, aux = jax.lax.scan(add_slice, jax.tree.map(jnp.zeros_like, params),
+                              split_rows(batch, micro_batches))
+    return grads, merge_rows(aux)
+
+
+def in_row_slices(fn: Callable[[Any], Any], batch: Any, pieces: int) -> Any:
+    """fn(batch) for a row-wise fn, computed on `pieces` row slices in turn (lax.map): the
+    same rows out, with one slice's activations live at a time (the old, reference and value
+    forwards, under optim.micro_batches)."""
+    if pieces == 1:
+        return fn(batch)
+    return merge_rows(jax.lax.map(fn, split_rows(batch, pieces)))
+
+
+def reply_slots(loss_mask: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
+    """Positions of the first `slots` reply tokens of each row, in order.
+
+    loss_mask [B, L] bool -> (positions [B, slots] int32 (0 where unused), used [B, slots] bool).
+    """
+    b, length = loss_mask.shape
+    rank = jnp.cumsum(loss_mask, axis=1) - 1
+    target = jnp.where(loss_mask & (rank < slots), rank, slots)
+    positions = jnp.zeros((b, slots), jnp.int32).at[jnp.arange(b)[:, None], target].set(
+        jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length)), mode="drop")
+    return positions, jnp.arange(slots) < jnp.minimum(loss_mask.sum(1), slots)[:, None]
+
+
+def sequence_logprobs(model: Decoder, tokens: jax.Array, lengths: jax.Array,
+                      loss_mask: jax.Array, slots: int, chunk: int, temperature: float = 1.0,
+                      ) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced log p(tokens[t] | tokens[:t]) and that distribution's entropy, at reply
+    tokens only, under softmax(logits / temperature).
+
+    tokens [B, L] int32, lengths [B] int32, loss_mask [B, L] bool (reply tokens, none at t = 0);
+    slots: static bound on reply tokens per row. Returns (logp, entropy), [B, L] float32, 0 off
+    the mask. Logits exist only for the reply positions, `chunk` of them at a time, and are
+    recomputed in the backward pass: the [*, V] projection is the costly part for small models.
+    """
+    b = tokens.shape[0]
+    mask = jnp.arange(tokens.shape[1]) < lengths[:, None]
+    hidden = model.hidden_states(tokens, attention_mask=mask)
+    positions, used = reply_slots(loss_mask, slots)
+    rows = jnp.arange(b)[:, None]
+    # The hidden state at t - 1 predicts the token at t.
+    h = hidden[rows, jnp.maximum(positions - 1, 0)]
+    targets = tokens[rows, positions]
+    pad = -slots % chunk
+    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    n = (slots + pad) // chunk
+
+    @jax.checkpoint
+    def one(xs):
+        h, t = xs
+        logits = model.logits_from_hidden(h)
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return jnp.take_along_axis(logp, t[..., None], axis=-1)[..., 0], token_entropy(logits)
+
+    split = lambda x: jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)  # noqa: E731
+    logp, entropy = jax.lax.map(one, (split(h), split(targets)))
+
+    def scatter(x):
+        x = jnp.moveaxis(x, 0, 1).reshape(b, -1)[:, :slots]
+        cols = jnp.where(used, positions, tokens.shape[1])
+        return jnp.zeros(tokens.shape, jnp.float32).at[rows, cols].set(x, mode="drop")
+
+    return scatter(logp), scatter(entropy)
+
+
+def sequence_values(critic: Decoder, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+    """V of the context before each token: [B, L] int32, [B] -> [B, L] float32 (0 at t = 0)."""
+    mask = jnp.arange(tokens.shape[1]) < lengths[:, None]
+    values = critic.value(tokens, attention_mask=mask)
+    return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))
