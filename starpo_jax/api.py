@@ -58,7 +58,11 @@ def _section(name: str, **overrides: Any) -> ConfigDict:
 
 
 def default_config() -> ConfigDict:
-    """Every key a run accepts, with StarPO-S defaults sized for a laptop CPU (bandit, GRPO).
+    """Every key a run accepts. The training sections hold `starpo_jax.config`'s dataclass
+    defaults (the original's StarPO-S settings: 8 groups x 16 rollouts, thinking replies of up
+    to 400 tokens, actor lr 1e-6, critic lr 1e-5, mini-batches of 32 rows, 200 steps); the eval
+    section `evaluation.EvalConfig`'s. CPU-sized runs are config files that say so
+    (experiments/configs/quickstart.py).
 
     `vanilla=True` turns StarPO-S into vanilla StarPO (KL 0.001, symmetric clip 0.2, no
     filter; it overrides those three keys). `nothink=True` starts replies with <answer>.
@@ -79,8 +83,8 @@ def default_config() -> ConfigDict:
     """
     c = ConfigDict()
     c.seed = 0
-    c.steps = 30
-    c.algo = "grpo"
+    c.steps = 200
+    c.algo = TrainConfig.algo
     c.vanilla = False
     c.nothink = False
     c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32"})
@@ -89,14 +93,14 @@ def default_config() -> ConfigDict:
     c.prompt = ConfigDict({"system": config_dict.placeholder(str),
                            "intro": config_dict.placeholder(str),
                            "turn": config_dict.placeholder(str), "verify": 50})
-    c.rollout = _section("rollout", groups=4, group_size=4, reply_tokens=48)
-    for name in ("filter", "advantage", "loss", "optim"):
+    for name in SECTIONS:
         c[name] = _section(name)
     c.log_every = 1
-    c.eval_every = 0
-    c.sample_every = 0
-    c.eval = ConfigDict({"envs": "", "modes": ",".join(MODES), "episodes": 8, "pass_k": 4,
-                         "temperature": 0.5, "samples": 4})
+    c.eval_every = 10
+    c.sample_every = 10
+    c.eval = ConfigDict({field.name: field.default for field in dataclasses.fields(EvalConfig)
+                         if field.name != "envs"})
+    c.eval.envs, c.eval.modes = "", ",".join(EvalConfig.modes)
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
     c.check_memory = True
@@ -111,6 +115,14 @@ def config_for(env: str, algo: str, **rollout: Any) -> ConfigDict:
     c.env.name, c.algo = env, algo
     c.rollout.update(rollout)
     return c
+
+
+def paper_eval(config: ConfigDict) -> ConfigDict:
+    """`config` validated as the original validates: 256 held-out initial states, one rollout
+    each, sampled at temperature 0.5 (its val_kwargs), every 10 steps. Returns config."""
+    config.eval.update(episodes=256, modes="sampled", pass_k=1, temperature=0.5)
+    config.eval_every = 10
+    return config
 
 
 def _check_keys(given: Any, known: ConfigDict, prefix: str = "") -> None:

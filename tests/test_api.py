@@ -32,6 +32,7 @@ def tiny_config():
     c.prompt.update(system="", intro="", turn=SHORT_TURN, verify=20)
     c.optim.actor_lr = 1e-3
     c.checkpoint_every = 1
+    c.steps, c.eval_every, c.sample_every = 30, 0, 0
     return c
 
 
@@ -87,7 +88,7 @@ def test_switches(vanilla, nothink, keep, kl, clip, mode):
 
 @pytest.mark.parametrize("env", ["bandit", "sokoban", "frozen_lake"])
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_config_files(env, algo):
+def test_shipped_config_files_are_the_papers_setting(env, algo):
     spec = importlib.util.spec_from_file_location("cfg", CONFIG_DIR / f"{env}_{algo}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -95,8 +96,20 @@ def test_config_files(env, algo):
     train = api.train_config(config)
     assert (config.env.name, train.algo) == (env, algo)
     assert config.model.source == "smollm2-135m-instruct"
-    assert train.filter.keep_ratio < 1 and train.loss.kl_coef == 0, "StarPO-S is the default"
-    assert train.rollout.max_turns == (1 if env == "bandit" else 5)
+    # The paper's setting (RAGEN_FACTS "Training defaults"), StarPO-S, nothing scaled down.
+    r, o, loss = train.rollout, train.optim, train.loss
+    assert (r.groups, r.group_size, r.mode, r.reply_tokens, r.temperature) == (
+        8, 16, "think", 400, 1.0)
+    assert (r.max_turns, r.max_actions_per_traj) == ((1, 1) if env == "bandit" else (5, 10))
+    assert (train.filter.keep_ratio, loss.kl_coef, loss.clip_low, loss.clip_high) == (
+        0.25, 0.0, 0.2, 0.28)
+    assert (loss.dual_clip, loss.entropy_coef, loss.agg) == (3.0, 0.001, "token_mean")
+    assert (o.actor_lr, o.critic_lr, o.minibatch_rows, o.ppo_epochs, o.rollout_reuse,
+            o.max_grad_norm) == (1e-6, 1e-5, 32, 1, 1, 1.0)
+    assert train.estimator == ("gae" if algo == "ppo" else "grpo")
+    assert (train.advantage.gamma, train.advantage.lam) == (1.0, 1.0)
+    assert (config.steps, config.eval_every, config.eval.episodes, config.eval.modes,
+            config.eval.pass_k, config.eval.temperature) == (200, 10, 256, "sampled", 1, 0.5)
 
 
 def test_readme_main_command_names_a_valid_config():
