@@ -254,8 +254,9 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
     """The compiled step(train_state, key) -> (train_state, metrics); see the module docstring.
 
     codec must be built for this env and tokenizer with config.rollout's mode,
-    max_actions_per_turn and reply_tokens (as max_tokens). With `mesh`, the step is jitted with
-    the partition rules of `sharding.py` (batch over "fsdp", weights by logical axes).
+    max_actions_per_turn, max_actions_per_traj and announced_tokens (as max_tokens). With
+    `mesh`, the step is jitted with the partition rules of `sharding.py` (batch over "fsdp",
+    weights by logical axes).
     With `phase_clock`, the host is told as each phase ends (phases.py): "rollout_chunk" (index
     c, when rollout.chunks > 1), "rollout", "reference_logprobs" (kl_coef > 0), then per Online-k
     round "old_logprobs" (with the critic's values) and "update".

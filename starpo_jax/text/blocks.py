@@ -4,11 +4,12 @@ A block is a list of fixed strings (which may hold special tokens) and slots. Ea
 tokenised in JAX by a `SymbolBpe` over its alphabet, or, when the slot lists every row it can
 hold (`Slot.fillings`: the bandit's few screens of English text, whose alphabet is too large
 for the BPE tables), by looking its row up among the host's encodings of them; the fixed text
-around it is tokenised once on the host. Where a slot's tokens would merge with its neighbours (GPT-2 style " 12",
-Qwen style "#\n"), the slot's region is widened into the neighbouring fixed text, a character
-at a time, until its edges are cuts: positions p where encode(text[:p]) + encode(text[p:]) ==
-encode(text) for every sampled filling. The whole block is then verified against
-`tokenizer.encode` on random fillings; any mismatch raises, naming the slot.
+around it is tokenised once on the host. Where a slot's tokens would merge with its neighbours
+(GPT-2 style " 12", Qwen style "#\n"), the slot's region is widened into the neighbouring
+fixed text, a character at a time, until its edges are cuts: positions p where
+encode(text[:p]) + encode(text[p:]) == encode(text) for every sampled filling. The whole
+block is then verified against `tokenizer.encode` on random fillings; any mismatch raises,
+naming the slot.
 
 Verification runs every region through one jitted program (`_encode_rows`) whose shapes are
 bucketed (rows, slot width, output width), with the region's tables as arguments, so regions
