@@ -1,7 +1,10 @@
 """The contract every text game in envs_jax follows, on top of jumanji's Environment.
 
 JAX side: `reset`, `step` and `render_symbols` are pure and jit/vmap-able.
-Host side: `render_text`, `reset_from_text`, `instructions`, `action_names`.
+Host side: `render_text`, `reset_from_text`, and what the prompt says about the game
+(`instructions`, `symbol_legend`, `action_names` when `lists_actions`); `settings` holds the
+agent-side defaults the original keeps in each env's config (turns, action budgets, the
+announced reply length).
 
 The link between the two is the symbol table: `render_symbols(state)` returns an int32 [R, C]
 array of ids into `symbol_strings`, and the text of a state is, by definition,
@@ -14,6 +17,7 @@ so the text layer can turn the ids into tokens inside jit with tables built once
 from __future__ import annotations
 
 import abc
+import dataclasses
 from functools import cached_property
 from typing import Any, Generic, TypeVar
 
@@ -23,6 +27,31 @@ import numpy as np
 from jumanji import specs
 from jumanji.env import Environment
 from jumanji.types import TimeStep
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvSettings:
+    """An env's agent-side defaults, as the original's per-env configs hold them
+    (config/envs.yaml: max_actions_per_traj, max_tokens; the run configs: max_turn,
+    max_actions_per_turn). A run config may override each (starpo_jax.api).
+
+    max_turns: replies per trajectory. max_actions_per_turn: actions kept from one reply.
+    max_actions_per_traj: env steps per trajectory (the prompt's "You can make up to N actions"
+    and "You have N actions left"). announced_tokens: the "Max response length: N words
+    (tokens)" the prompt states; not the generation budget (the original announces 100 and
+    generates up to 400 tokens).
+    """
+
+    max_turns: int = 5
+    max_actions_per_turn: int = 5
+    max_actions_per_traj: int = 10
+    announced_tokens: int = 100
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EnvSettings.{field.name} must be an int >= 1; got {value!r}")
+
 
 State = TypeVar("State")
 Observation = TypeVar("Observation")
@@ -35,8 +64,15 @@ class TextEnv(Environment[State, specs.DiscreteArray, Observation], Generic[Stat
     action_names: tuple[str, ...]
     #: Symbol id -> the text it renders as.
     symbol_strings: tuple[str, ...]
-    #: Rules, symbol legend and action names, for the prompt.
+    #: The original's env_instruction: the prompt's first text (may be empty).
     instructions: str
+    #: (symbol, meaning) pairs the prompt explains after the instructions; () for none.
+    symbol_legend: tuple[tuple[str, str], ...] = ()
+    #: Whether the prompt lists `action_names` and the action budget (the original does when the
+    #: env's config has an action lookup; the bandit's has none, its state names the arms).
+    lists_actions: bool = True
+    #: Agent-side defaults (see EnvSettings); the registry may set others per registered name.
+    settings: EnvSettings = EnvSettings()
     #: Steps after which an episode is truncated.
     max_steps: int
 
@@ -53,8 +89,9 @@ class TextEnv(Environment[State, specs.DiscreteArray, Observation], Generic[Stat
 
     def symbol_grids(self) -> np.ndarray | None:
         """Every grid `render_symbols` can return, int32 [K, R, C], for envs with few of them
-        (the text layer then sizes prompts by the longest instead of by the longest symbol in
-        every cell); None (the default) when any grid of the symbols may occur."""
+        (the text layer then encodes a state by looking it up among their host encodings, and
+        a grid missing here would render as the first); None (the default) when any grid of
+        the symbols may occur."""
         return None
 
     def reset_from_text(self, text: str, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:

@@ -60,7 +60,7 @@ def _setup(model_name: str, env_name: str, p: int, n: int, turns: int, reply: in
            knobs: dict):
     model, tok = load_pretrained(model_name)
     env = envs_jax.make(env_name)
-    codec = build_codec(tok, env, mode="think", max_tokens=reply, verify=20)
+    codec = build_codec(tok, env, mode="think", verify=20)  # announces the env's max tokens
     config = TrainConfig(
         algo=algo,
         rollout=RolloutConfig(groups=p, group_size=n, max_turns=turns, reply_tokens=reply,

@@ -43,6 +43,8 @@ DTYPES = ("float32", "bfloat16")
 _OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str}
 # Set by the `nothink` switch, not a key of its own.
 _DERIVED = {"rollout": ("mode",)}
+# rollout keys whose default (None) is the env's own setting (envs_jax.settings(env.name)).
+ENV_SETTINGS = tuple(field.name for field in dataclasses.fields(envs_jax.EnvSettings))
 
 
 def _section(name: str, **overrides: Any) -> ConfigDict:
@@ -66,6 +68,11 @@ def default_config() -> ConfigDict:
 
     `vanilla=True` turns StarPO-S into vanilla StarPO (KL 0.001, symmetric clip 0.2, no
     filter; it overrides those three keys). `nothink=True` starts replies with <answer>.
+    rollout.max_turns, max_actions_per_turn, max_actions_per_traj and announced_tokens: None
+    = the env's own (envs_jax.settings(env.name), the original's per-env configs: bandit 1
+    turn and 1 action, grid games 5 turns, 5 actions per turn, 10 per trajectory; all announce
+    100 tokens); a number overrides it. announced_tokens is the "Max response length" the
+    prompt states, reply_tokens the generation budget.
     prompt.* = None keeps the default (RAGEN's) prompt text; prompt.verify is the number of
     random renderings the codec checks against the tokenizer when it is built.
     monitor.*: the collapse ("Echo Trap") monitor of experiments/run.py (starpo_jax.monitor).
@@ -95,6 +102,8 @@ def default_config() -> ConfigDict:
                            "turn": config_dict.placeholder(str), "verify": 50})
     for name in SECTIONS:
         c[name] = _section(name)
+    for key in ENV_SETTINGS:  # resolved by train_config from the env
+        c.rollout[key] = config_dict.placeholder(int)
     c.log_every = 1
     c.eval_every = 10
     c.sample_every = 10
@@ -185,11 +194,24 @@ def train_config(config: ConfigDict) -> TrainConfig:
              f"one of {envs_jax.names()}")
     eval_config(full)
     MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
-    sections = {name: kind(**full[name].to_dict()) for name, kind in SECTIONS.items()}
+    sections = {name: kind(**full[name].to_dict()) for name, kind in SECTIONS.items()
+                if name != "rollout"}
+    sections["rollout"] = RolloutConfig(**_rollout_values(full))
     if full.nothink:
         sections["rollout"] = dataclasses.replace(sections["rollout"], mode="nothink")
     result = TrainConfig(algo=full.algo, **sections)
     return result.vanilla() if full.vanilla else result
+
+
+def _rollout_values(full: ConfigDict) -> dict[str, Any]:
+    """The rollout section of a merged config, every unset env setting (None) taken from the
+    env's (envs_jax.settings(env.name)); env.name must be registered."""
+    values = full.rollout.to_dict()
+    env_settings = envs_jax.settings(full.env.name)
+    for key in ENV_SETTINGS:
+        if values[key] is None:
+            values[key] = getattr(env_settings, key)
+    return values
 
 
 def config_from_train_config(train: TrainConfig, **top: Any) -> ConfigDict:
@@ -227,7 +249,8 @@ def _codec(full: ConfigDict, train: TrainConfig, tokenizer: Any, env: Any) -> An
     template = {k: v for k, v in full.prompt.items() if k != "verify" and v is not None}
     return build_codec(tokenizer, env, mode=train.rollout.mode,
                        max_actions_per_turn=train.rollout.max_actions_per_turn,
-                       max_tokens=train.rollout.reply_tokens, verify=full.prompt.verify,
+                       max_actions_per_traj=train.rollout.max_actions_per_traj,
+                       max_tokens=train.rollout.announced_tokens, verify=full.prompt.verify,
                        **template)
 
 

@@ -59,10 +59,14 @@ def _choice(owner: str, name: str, value: Any, options: tuple[str, ...]) -> None
 class RolloutConfig:
     """How trajectories are sampled: P groups x N rollouts, up to max_turns turns each.
 
-    reply_tokens is the per-turn generation budget (forced prefix not counted); it is also the
-    "Max response length" the prompt announces. The token buffer of a row holds the first prompt
-    and max_turns x (forced prefix + reply + next environment message); its size is computed
-    from the codec by the rollout.
+    reply_tokens is the per-turn generation budget (forced prefix not counted);
+    announced_tokens is the "Max response length: N words (tokens)" the prompt states, kept
+    apart as the original does (it announces 100 and generates up to 400; the codec is built
+    with it). max_turns, the action budgets and announced_tokens are each env's own in the
+    original (envs_jax.EnvSettings; starpo_jax.api fills them from the env unless set); the
+    defaults here are the grid games'. The token buffer of a row holds the first prompt and
+    max_turns x (forced prefix + reply + next environment message); its size is computed from
+    the codec by the rollout.
     """
 
     groups: int = 8  # P: initial states per step
@@ -71,6 +75,7 @@ class RolloutConfig:
     max_actions_per_turn: int = 5
     max_actions_per_traj: int = 10
     reply_tokens: int = 100
+    announced_tokens: int = 100
     mode: str = "think"  # "think": replies start with <think>; "nothink": with <answer>
     temperature: float = 1.0
     top_p: float = 1.0
@@ -89,7 +94,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         o = "rollout"
         for name in ("groups", "group_size", "max_turns", "max_actions_per_turn",
-                     "max_actions_per_traj", "reply_tokens"):
+                     "max_actions_per_traj", "reply_tokens", "announced_tokens"):
             _int(o, name, getattr(self, name))
         _choice(o, "mode", self.mode, MODES)
         _number(o, "temperature", self.temperature, 0.0, 100.0, low_open=True)

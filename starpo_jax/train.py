@@ -192,7 +192,8 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     """rollout / prepare / update and their composition `step` (see the module docstring).
 
     codec must be built for this env and tokenizer with config.rollout's mode,
-    max_actions_per_turn and reply_tokens. With `mesh`, batch axes are constrained to "fsdp".
+    max_actions_per_turn, max_actions_per_traj and announced_tokens (as max_tokens). With
+    `mesh`, batch axes are constrained to "fsdp".
     With `phase_clock`, the host is told as each phase ends (phases.py): "rollout_chunk" (index
     c, when rollout.chunks > 1), "rollout", "reference_logprobs" (kl_coef > 0), then per Online-k
     round "old_logprobs" (with the critic's values) and "update".

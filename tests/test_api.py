@@ -127,6 +127,62 @@ def test_readme_main_command_names_a_valid_config():
     assert train.rollout.groups * train.rollout.group_size <= 32 and config.steps <= 20
 
 
+# The original's per-env settings (config/envs.yaml, base.yaml, _1_bandit.yaml): turns,
+# actions per turn, actions per trajectory, the announced "Max response length".
+ENV_DEFAULTS = {"bandit": (1, 1, 1, 100), "bandit_test": (1, 1, 1, 100),
+                "sokoban": (5, 5, 10, 100), "sokoban_new_vocab": (5, 5, 10, 100),
+                "sokoban_large": (5, 5, 10, 100), "frozen_lake": (5, 5, 10, 100)}
+ENV_KEYS = ("max_turns", "max_actions_per_turn", "max_actions_per_traj", "announced_tokens")
+
+
+@pytest.mark.parametrize("env", sorted(ENV_DEFAULTS))
+def test_env_settings_reach_the_train_config(env):
+    c = api.config_for(env, "grpo")
+    assert all(c.rollout[key] is None for key in ENV_KEYS), "unset: the env's"
+    r = api.train_config(c).rollout
+    assert tuple(getattr(r, key) for key in ENV_KEYS) == ENV_DEFAULTS[env]
+    assert r.reply_tokens == c.rollout.reply_tokens, "the budget is not the announced count"
+
+
+@pytest.mark.parametrize("key", ENV_KEYS)
+def test_explicit_env_setting_wins(key):
+    bandit = api.train_config(api.config_for("bandit", "grpo", **{key: 7})).rollout
+    sokoban = api.train_config(_with(f"rollout.{key}", 3) | {"env": {"name": "sokoban"}}).rollout
+    assert getattr(bandit, key) == 7 and getattr(sokoban, key) == 3
+    others = [k for k in ENV_KEYS if k != key]
+    assert [getattr(bandit, k) for k in others] == [1 if k != "announced_tokens" else 100
+                                                     for k in others]
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("max_turns", 0, "rollout.max_turns = 0 is invalid; valid: an int >= 1"),
+    ("max_actions_per_traj", -2, "rollout.max_actions_per_traj = -2 is invalid"),
+    ("announced_tokens", "many", "'announced_tokens'"),
+    ("max_actions_per_turn", 1.5, "max_actions_per_turn"),
+])
+def test_bad_env_setting_names_the_key(key, value, expected):
+    with pytest.raises(ValueError) as error:
+        api.train_config(_with(f"rollout.{key}", value))
+    assert expected in str(error.value)
+
+
+def test_codec_announces_the_env_setting_not_the_budget():
+    """api's codec states announced_tokens as the "Max response length" and the trajectory's
+    action budget in "You can make up to N actions"; reply_tokens stays the budget."""
+    from starpo_jax.text.testing import smollm2_tokenizer
+
+    c = api.config_for("frozen_lake", "grpo", reply_tokens=9, max_actions_per_traj=8)
+    c.prompt.verify = 1
+    train = api.train_config(c)
+    env = api.envs_jax.make("frozen_lake")
+    codec = api._codec(api._merged(c), train, smollm2_tokenizer(), env)
+    assert "Max response length: {max_tokens} words" in codec.template.turn
+    ids, n = codec.first_prompt(env.render_symbols(env.reset(jax.random.PRNGKey(0))[0]), 8)
+    text = smollm2_tokenizer().decode(np.asarray(ids)[: int(n)].tolist())
+    assert "Max response length: 100 words (tokens)." in text
+    assert "You can make up to 8 actions" in text and "You have 8 actions left" in text
+
+
 def test_train_config_round_trip():
     train = TrainConfig(algo="ppo", rollout=RolloutConfig(groups=3, group_size=2, mode="nothink"),
                         loss=LossConfig(dual_clip=None, kl_coef=0.05))

@@ -7,6 +7,7 @@ import pytest
 
 import envs_jax
 from envs_jax.bandit import HIGH, LOW, Bandit
+from envs_jax.bandit.types import GAME_TEXT
 
 KEY = jax.random.PRNGKey(0)
 N = 40_000
@@ -55,10 +56,8 @@ def test_presented_order_is_in_the_text():
     for key in jax.random.split(KEY, 8):
         state, timestep = env.reset(key)
         first, second = ("Phoenix", "Dragon") if int(state.order) == 0 else ("Dragon", "Phoenix")
-        assert env.render_text(state) == (
-            f"Choose between {first} and {second}, and output like "
-            f"<answer> {first} </answer> or <answer> {second} </answer>."
-        )
+        assert env.render_text(state) == GAME_TEXT.format(a=first, b=second)
+        assert f"named {first} and {second}\n" in env.render_text(state)
         assert (timestep.observation.symbols == env.render_symbols(state)).all()
     assert env.action_names == ("Phoenix", "Dragon")
 
@@ -94,10 +93,8 @@ def test_registry_variants(name, low, high):
 @pytest.mark.parametrize(
     "text",
     [
-        "Choose between Phoenix and Dragon, and output like "
-        "<answer> Phoenix </answer> or <answer> Dragon </answer>.",
-        "Choose between Dragon and Phoenix, and output like "
-        "<answer> Dragon </answer> or <answer> Phoenix </answer>.",
+        GAME_TEXT.format(a="Phoenix", b="Dragon"),
+        GAME_TEXT.format(a="Dragon", b="Phoenix"),
         "Phoenix: 0.1 points",
         "Dragon: 1.0 points",
         "Dragon: 0.0 points",
@@ -134,16 +131,16 @@ def test_constructor_rejects_bad_values(kwargs, match):
 @pytest.mark.parametrize("name", ["bandit", "bandit_rev", "bandit_test"])
 def test_instructions_name_no_arm(name):
     """Only the state names the arms, in its random order: a fixed order anywhere else in the
-    prompt (such as action_names = (low, high)) would tell the high arm by position."""
+    prompt (such as action_names = (low, high)) would tell the high arm by position. As the
+    original's, the prompt has no instructions and lists no actions."""
     env = envs_jax.make(name)
-    assert env.low_name not in env.instructions and env.high_name not in env.instructions
-    assert "Your available actions are:" in env.instructions
+    assert env.instructions == "" and not env.lists_actions and env.symbol_legend == ()
 
 
 @pytest.mark.parametrize("name", ["bandit", "bandit_rev", "bandit_test"])
 def test_symbol_grids_list_every_rendering(name):
     """symbol_grids (which sizes the prompts) lists exactly the grids that reset and step
-    render: a grid missing from it would be cut short in the prompt."""
+    render: a grid missing from it would render as another in the prompt."""
     env = envs_jax.make(name)
 
     def seen(key):

@@ -50,7 +50,8 @@ def test_make_builds_a_text_env(name):
     env = envs_jax.make(name)
     assert isinstance(env, TextEnv)
     assert env.action_spec.num_values == len(env.action_names) >= 2
-    assert env.instructions and env.symbol_strings and env.max_steps >= 1
+    assert env.symbol_strings and env.max_steps >= 1
+    assert env.settings == envs_jax.settings(name)
 
 
 def test_unknown_name_lists_the_known_ones():

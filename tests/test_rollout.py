@@ -23,7 +23,7 @@ import envs_jax  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.rollout import buffer_length, chunked_rollout, rollout  # noqa: E402
-from starpo_jax.text import build_codec, reference_parse, render_conversation_text, token_byte_table  # noqa: E402
+from starpo_jax.text import build_codec, env_intro, reference_parse, render_conversation_text, token_byte_table  # noqa: E402
 
 REPLY_TOKENS = 4
 # A short prompt keeps the test fast; the codec is exact for any template.
@@ -81,9 +81,10 @@ def _replay_row(tok, env, codec, config, state, row_tokens, row_turns):
         states.append(env.render_text(state))
     states = states[: len(replies)]
     sentinels = [f"\x02R{k}\x02" for k in range(len(replies))]
-    messages = render_conversation_text(
-        codec.template, env.instructions, env.action_names, states, sentinels, rewards, left,
-        max_actions_per_turn=config.max_actions_per_turn, max_tokens=config.reply_tokens)
+    intro = env_intro(codec.template, env, max_actions_per_turn=config.max_actions_per_turn,
+                      max_actions_per_traj=config.max_actions_per_traj)
+    messages = render_conversation_text(codec.template, intro, states, sentinels, rewards, left,
+                                        max_tokens=config.reply_tokens)
     text = tok.apply_chat_template(messages, tokenize=False)
     pieces = _split_on(text, sentinels)[:-1]  # the template's closing is not in the buffer
     tokens, mask, turns = [], [], []

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import envs_jax  # noqa: E402
 from envs_jax.base import symbol_text  # noqa: E402
 from starpo_jax.text import blocks as bk  # noqa: E402
-from starpo_jax.text import Codec, build_codec, format_reward, render_conversation_text  # noqa: E402
+from starpo_jax.text import Codec, build_codec, env_intro, format_reward, render_conversation_text  # noqa: E402
 from starpo_jax.text.templates import PromptTemplate  # noqa: E402
 
 
@@ -90,8 +90,7 @@ def test_conversation_equals_chat_template(request, kind, mode):
         convo = got + reply_ids[k - 1] + list(codec.closing_ids)
         messages = render_conversation_text(
             codec.template,
-            env.instructions,
-            env.action_names,
+            env_intro(codec.template, env, max_actions_per_turn=5, max_actions_per_traj=10),
             [symbol_text(env.symbol_strings, g) for g in grids[:k]],
             replies[:k],
             rewards[:k],

@@ -14,8 +14,10 @@ import envs_jax  # noqa: E402
 from envs_jax.base import symbol_text  # noqa: E402
 from starpo_jax.text import blocks as bk  # noqa: E402
 
-# One env per distinct (symbol table, grid shape); bandit_rev has bandit's symbols.
-ENVS = ("sokoban", "sokoban_large", "sokoban_new_vocab", "frozen_lake", "bandit", "bandit_test")
+# One env per distinct (symbol table, grid shape) rendered by BPE; the bandits list their few
+# grids and are rendered by lookup (their English text is too large an alphabet for BPE).
+ENVS = ("sokoban", "sokoban_large", "sokoban_new_vocab", "frozen_lake")
+LISTED = ("bandit", "bandit_test")  # bandit_rev has bandit's symbols
 STATES = 1000
 
 
@@ -27,7 +29,7 @@ def tok(request):
 @pytest.fixture(scope="module")
 def envs():
     """name -> (env, grid shape), traced once per module."""
-    made = {name: envs_jax.make(name) for name in ENVS}
+    made = {name: envs_jax.make(name) for name in ENVS + LISTED}
     return {
         name: (
             env,
@@ -77,24 +79,38 @@ def test_symbol_the_tokenizer_cannot_render_is_named(qwen_style_tok):
         bk.build_block(qwen_style_tok, [bk.grid_slot(("#", decomposed), 2, 2)])
 
 
-@pytest.mark.parametrize("name", ["bandit", "bandit_test"])
-def test_listed_grids_size_the_region_exactly(tok, envs, name):
-    """An env that lists its grids gets regions as wide as its longest rendering (not the
-    byte bound), and every listed grid still renders exactly as the tokenizer encodes it."""
+@pytest.mark.parametrize("name", LISTED)
+def test_listed_grids_render_by_lookup_exactly(tok, envs, name):
+    """An env that lists its grids gets lookup regions as wide as its longest rendering, and
+    every listed grid renders exactly as the tokenizer encodes it, between BPE slots too."""
     env, (rows, cols) = envs[name]
     grids = env.symbol_grids()
-    listed = bk.build_block(tok, ["State:\n", bk.grid_slot(env.symbol_strings, rows, cols, grids),
-                                  "\nEnd"], verify=bk.VERIFY_ROWS)
-    generic = bk.build_block(tok, ["State:\n", bk.grid_slot(env.symbol_strings, rows, cols),
-                                   "\nEnd"], verify=bk.VERIFY_ROWS)
-    texts = ["State:\n" + symbol_text(env.symbol_strings, g) + "\nEnd" for g in grids]
+    number = bk.Slot("n", bk.NUMBER_SYMBOLS, bk.sample_int)
+    listed = bk.build_block(
+        tok,
+        ["Turn ", number, ":\nState:\n", bk.grid_slot(env.symbol_strings, rows, cols, grids),
+         "\nEnd ", number, "."],
+        verify=bk.VERIFY_ROWS,
+    )
+    assert listed.bpe_index[1] == -1 and min(listed.bpe_index[::2]) >= 0
+    values = np.arange(len(grids)) * 37
+    texts = [f"Turn {v}:\nState:\n" + symbol_text(env.symbol_strings, g) + f"\nEnd {v}."
+             for v, g in zip(values, grids)]
     want = tok(texts, add_special_tokens=False)["input_ids"]
-    ids, lengths = jax.device_get(jax.vmap(lambda g: listed.encode(
-        {"state": bk.flatten_grid(g, len(env.symbol_strings))}))(grids))
+    ids, lengths = jax.device_get(jax.vmap(lambda g, v: listed.encode(
+        {"state": bk.flatten_grid(g, len(env.symbol_strings)), "n": bk.int_symbols(v)}))(
+        grids, values))
     assert [row[:n].tolist() for row, n in zip(ids, lengths)] == want
-    assert ids.shape[1] == max(map(len, want))  # padded to the longest rendering, no more
-    assert ids.shape[1] < generic.encode({"state": bk.flatten_grid(
-        grids[0], len(env.symbol_strings))})[0].shape[0] - 100
+    region = max(len(tok.encode(symbol_text(env.symbol_strings, g), add_special_tokens=False))
+                 for g in grids)
+    assert listed.max_tokens[1] <= region + 4  # the longest rendering (+ the widened edges)
+
+
+def test_a_too_large_alphabet_is_named(smollm2_tok):
+    """The bandit's game text as BPE symbols: refused with the reason, not mis-rendered."""
+    env = envs_jax.make("bandit")
+    with pytest.raises(ValueError, match="too large"):
+        bk.build_block(smollm2_tok, [bk.grid_slot(env.symbol_strings, 1, 13)], verify=1)
 
 
 def test_bad_symbol_grids_are_named():

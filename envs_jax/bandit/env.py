@@ -12,24 +12,9 @@ import numpy as np
 from jumanji import specs
 from jumanji.types import StepType, TimeStep
 
-from envs_jax.base import TextEnv, symbol_text
+from envs_jax.base import EnvSettings, TextEnv, symbol_text
 from envs_jax.bandit import types as t
 from envs_jax.bandit.types import Observation, State
-
-INSTRUCTIONS = (
-    "You are playing a bandit game. "
-    "Goal: Maximize your total reward by choosing which arm to pull.\n"
-    "Game Rules:\n"
-    "1. There are 2 arms, named in the state (listed in an order that changes every game).\n"
-    "2. Each arm has its own reward distribution, related to their names.\n"
-    "3. Analyze the symbolic meaning of each arm's name to guess how their reward distribution "
-    "might behave.\n"
-    "4. Based on the symbolic meaning of their names, which arm do you think is more likely to "
-    "give you a higher reward on average? Answer with that arm's name.\n"
-    # The prompt templates add "Your available actions are:" + action_names unless this line is
-    # here; action_names is (low, high), a fixed order that would leak which arm is which.
-    "Your available actions are:\nthe names of the two arms, as listed in the state."
-)
 
 
 class Bandit(TextEnv[State, Observation]):
@@ -39,16 +24,23 @@ class Bandit(TextEnv[State, Observation]):
     - Actions are static: `action_names = (low_name, high_name)`, ids LOW=0 and HIGH=1 (any id
       other than HIGH pulls the low arm). Which arm is *presented* first is drawn 50/50 at each
       reset, kept in `state.order`, and shows only in the text (`render_symbols`).
-    - Text before the pull (one row): "Choose between Phoenix and Dragon, and output like
-      <answer> Phoenix </answer> or <answer> Dragon </answer>." in the presented order.
-      After the pull it is the original's feedback, `FEEDBACK.format(arm=..., reward=...)`,
-      e.g. "Dragon: 1.0 points".
+    - Text before the pull: the original's game text (`types.GAME_TEXT`), arms in the presented
+      order; the prompt adds no instructions and lists no actions, as the original's (its
+      config has neither), so only the state tells which arm is which. After the pull it is
+      the original's feedback, `FEEDBACK.format(arm=..., reward=...)`, e.g. "Dragon: 1.0
+      points". One row of symbols either way (the game text's newlines are inside symbols).
     - Every step terminates the episode. extras: `success` = the high-risk arm was pulled.
     """
 
     #: The original's text after a pull; `render_text` of a pulled state equals it.
     FEEDBACK = "{arm}: {reward} points"
     max_steps = 1
+    instructions = ""  # the original's env_instruction for Bandit is empty
+    lists_actions = False
+    # The original's bandit run: one turn, one action (config/_1_bandit.yaml, envs.yaml).
+    settings = EnvSettings(
+        max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1, announced_tokens=100
+    )
 
     def __init__(
         self,
@@ -83,7 +75,6 @@ class Bandit(TextEnv[State, Observation]):
         self.action_names = (low_name, high_name)
         self.payouts = (self.low_reward, self.high_reward, self.high_miss_reward)
         self.symbol_strings = t.symbol_strings(low_name, high_name, self.payouts)
-        self.instructions = INSTRUCTIONS
         super().__init__()
 
     def _describe(self) -> str:
@@ -120,10 +111,14 @@ class Bandit(TextEnv[State, Observation]):
         return state, timestep
 
     def render_symbols(self, state: State) -> chex.Array:
-        """[1, 9] int32 ids into `symbol_strings`: the menu before the pull, the feedback after."""
+        """[1, ROW_WIDTH] int32 ids into `symbol_strings`: the game text before the pull, the
+        feedback after."""
         first = jnp.where(state.order == 0, t.LOW, t.HIGH)
         a, b = t.SPACED_NAME + first, t.SPACED_NAME + 1 - first
-        menu = jnp.stack([t.CHOOSE, a, t.AND, b, t.OUTPUT_LIKE, a, t.OR_ANSWER, b, t.END_ANSWER])
+        menu = jnp.stack(
+            [t.GAME, a, t.AND, b, t.RULES, a, t.AND, b, t.OUTPUT_LIKE, a, t.OR_ANSWER, b,
+             t.END_ANSWER]
+        )
         pulled = jnp.maximum(state.pulled, 0)
         feedback = jnp.stack(
             [t.NAME + pulled, t.COLON, t.PAYOUT + state.payout, t.POINTS]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import chex
@@ -12,25 +13,31 @@ LOW, HIGH = 0, 1
 PAID_LOW, PAID_HIGH_WIN, PAID_HIGH_MISS = 0, 1, 2
 NOT_PULLED = -1
 
-# Symbol ids. Every symbol starts at a word/punctuation boundary (names and numbers carry their
-# leading space), so tokenising symbol by symbol matches tokenising the whole text for
-# byte-level BPE tokenizers.
+# Symbol ids. The state before the pull is the original's whole game text (its INIT_PROMPT),
+# arm names in the presented order; after it, the feedback line. Every symbol starts at a
+# word/punctuation boundary (names and numbers carry their leading space), so tokenising symbol
+# by symbol matches tokenising the whole text for byte-level BPE tokenizers.
 NAME = 0  # NAME + arm: the bare arm name (feedback line "Dragon: 1.0 points")
-SPACED_NAME = 2  # SPACED_NAME + arm: " Dragon" (inside the menu sentence)
-CHOOSE, AND, OUTPUT_LIKE, OR_ANSWER, END_ANSWER = 4, 5, 6, 7, 8
-COLON, POINTS = 9, 10
-PAYOUT = 11  # PAYOUT + payout kind: the reward as the original prints it, " 0.1"
-BLANK = 14  # empty string: pads the shorter feedback row to the menu's width
-FIXED_STRINGS = (
-    "Choose between",
-    " and",
-    ", and output like <answer>",
-    " </answer> or <answer>",
-    " </answer>.",
-    ":",
-    " points",
+SPACED_NAME = 2  # SPACED_NAME + arm: " Dragon" (inside the game text)
+GAME, AND, RULES, OUTPUT_LIKE, OR_ANSWER, END_ANSWER = 4, 5, 6, 7, 8, 9
+COLON, POINTS = 10, 11
+PAYOUT = 12  # PAYOUT + payout kind: the reward as the original prints it, " 0.1"
+BLANK = 15  # empty string: pads the shorter feedback row to the menu's width
+#: The original's game text (its INIT_PROMPT, trailing spaces and missing period included);
+#: {a} and {b} are the arms in the presented order.
+GAME_TEXT = (
+    "You are playing a bandit game. Goal: Maximize your total reward by choosing which arm to "
+    "pull. \nGame Rules: \n1. There are 2 arms, named {a} and {b}\n2. Each arm has its own "
+    "reward distribution, related to their names. \n3. Analyze the symbolic meaning of each "
+    "arm's name to guess how their reward distribution might behave.\n4. Based on the symbolic "
+    "meaning of their names, which arm do you think is more likely to give higher rewards on "
+    "average? Choose between {a} and {b}, and output like <answer> {a} </answer> or "
+    "<answer> {b} </answer>.\n"
 )
-ROW_WIDTH = 9
+# The text between the names (" {a}" / " {b}" take their space along): a b a b a b.
+_PIECES = re.split(r" \{[ab]\}", GAME_TEXT)
+FIXED_STRINGS = (*_PIECES[:3], *_PIECES[4:], ":", " points")
+ROW_WIDTH = 13
 
 
 def symbol_strings(

@@ -28,13 +28,16 @@ from envs_jax.frozen_lake.types import (
     symbol_grid,
 )
 
+# The original's env_instruction (config/envs.yaml, its typos included); the prompt adds the
+# symbol legend, the actions and the action budget after it.
 INSTRUCTIONS = (
-    "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. "
-    "You may move to the unintended direction due to the slippery ice.\n"
-    "The meaning of each symbol in the state is:\n"
-    "P: player, _: frozen, O: hole, G: goal, X: player in hole, √: player on goal\n"
-    "Your available actions are:\n" + ", ".join(ACTION_NAMES)
+    "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move "
+    "to the unintended direction due to the slippery ice. Example answer format: <think>To "
+    "forbid the hole and go to the target, I should go left then go up.</think><answer>Left || "
+    "Up</answer>"
 )
+# The original's grid_vocab: "_" is "empty" there (a frozen tile).
+MEANINGS = ("player", "empty", "hole", "goal", "player in hole", "player on goal")
 
 # Tile under each symbol, for parsing text maps (the player symbols say what they stand on).
 _TILE_OF_SYMBOL = {"P": FROZEN, "_": FROZEN, "O": HOLE, "G": GOAL, "X": HOLE, "√": GOAL}
@@ -57,6 +60,7 @@ class FrozenLake(TextEnv[State, Observation]):
     action_names = ACTION_NAMES
     symbol_strings = SYMBOL_STRINGS
     instructions = INSTRUCTIONS
+    symbol_legend = tuple(zip(SYMBOL_STRINGS, MEANINGS))
 
     def __init__(
         self,

@@ -12,7 +12,7 @@ WALL, EMPTY, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
 SYMBOLS: tuple[str, ...] = ("#", "_", "O", "√", "X", "P", "S")
 #: SokobanNewVocab's symbols, in the same id order (wall W ... player on target @).
 NEW_VOCAB_SYMBOLS: tuple[str, ...] = ("W", ".", "G", "C", "B", "A", "@")
-#: What each symbol id means, for the legend in the instructions.
+#: What each symbol id means, for the prompt's symbol legend (the original's grid_vocab).
 SYMBOL_MEANINGS: tuple[str, ...] = (
     "wall",
     "empty",
@@ -21,6 +21,15 @@ SYMBOL_MEANINGS: tuple[str, ...] = (
     "box",
     "player",
     "player on target",
+)
+
+#: The original's env_instruction for its Sokoban variants (config/envs.yaml); the prompt adds
+#: the symbol legend, the actions and the action budget after it.
+INSTRUCTIONS = (
+    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to "
+    "targets. When you are right next to a box, you can push it by moving in the same "
+    "direction. You cannot push a box through a wall, and you cannot pull a box. The answer "
+    "should be a sequence of actions, like <answer>Right || Right || Up</answer>"
 )
 
 #: The original's action order; action i moves the player by MOVES[i] = (d_row, d_col).

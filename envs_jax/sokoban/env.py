@@ -56,6 +56,7 @@ class Sokoban(TextEnv[State, Observation]):
     """
 
     action_names = c.ACTION_NAMES
+    instructions = c.INSTRUCTIONS
 
     def __init__(
         self,
@@ -106,14 +107,7 @@ class Sokoban(TextEnv[State, Observation]):
         self.dim_room = (rows, cols)
         self.num_boxes = num_boxes
         self.symbol_strings = symbols
-        legend = ", ".join(f"{s} {m}" for s, m in zip(symbols, c.SYMBOL_MEANINGS))
-        self.instructions = (
-            "You are solving the Sokoban puzzle. You are the player and you need to push all "
-            "boxes to targets. When you are right next to a box, you can push it by moving in "
-            "the same direction. You cannot push a box through a wall, and you cannot pull a "
-            f"box.\nThe meaning of each symbol in the state is: {legend}.\n"
-            f"Your available actions are: {', '.join(self.action_names)}."
-        )
+        self.symbol_legend = tuple(zip(symbols, c.SYMBOL_MEANINGS))
         super().__init__()
 
     def _describe(self) -> str:

@@ -6,6 +6,7 @@ from starpo_jax.text.parse import ParsedReply, answer_closed, reference_parse, s
 from starpo_jax.text.templates import (
     PromptTemplate,
     default_template,
+    env_intro,
     format_reward,
     render_conversation_text,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "stop_strings",
     "PromptTemplate",
     "default_template",
+    "env_intro",
     "format_reward",
     "render_conversation_text",
 ]

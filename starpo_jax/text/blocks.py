@@ -1,12 +1,15 @@
 """Text with dynamic slots (a grid, integers, a reward) turned into token ids inside jit.
 
 A block is a list of fixed strings (which may hold special tokens) and slots. Each slot is
-tokenised in JAX by a `SymbolBpe` over its alphabet; the fixed text around it is tokenised
-once on the host. Where a slot's tokens would merge with its neighbours (GPT-2 style " 12",
-Qwen style "#\n"), the slot's region is widened into the neighbouring fixed text, a character
-at a time, until its edges are cuts: positions p where encode(text[:p]) + encode(text[p:]) ==
-encode(text) for every sampled filling. The whole block is then verified against
-`tokenizer.encode` on random fillings; any mismatch raises, naming the slot.
+tokenised in JAX by a `SymbolBpe` over its alphabet, or, when the slot lists every row it can
+hold (`Slot.fillings`: the bandit's few screens of English text, whose alphabet is too large
+for the BPE tables), by looking its row up among the host's encodings of them; the fixed text
+around it is tokenised once on the host. Where a slot's tokens would merge with its neighbours
+(GPT-2 style " 12", Qwen style "#\n"), the slot's region is widened into the neighbouring
+fixed text, a character at a time, until its edges are cuts: positions p where
+encode(text[:p]) + encode(text[p:]) == encode(text) for every sampled filling. The whole
+block is then verified against `tokenizer.encode` on random fillings; any mismatch raises,
+naming the slot.
 
 Verification runs every region through one jitted program (`_encode_rows`) whose shapes are
 bucketed (rows, slot width, output width), with the region's tables as arguments, so regions
@@ -47,8 +50,8 @@ class Slot:
     """A dynamic part of a block: its alphabet and a sampler of random symbol rows.
 
     sample(rng) -> [N] int32 ids into `symbols` (N fixed per slot). fillings: optionally every
-    row the slot can hold, [K, N]; the region's token width is then the most tokens any of them
-    takes instead of a bound from bytes (bandit menus: ~200 tokens fewer per prompt).
+    row the slot can hold, [K, N]; the region is then encoded by lookup (a row outside them
+    encodes as the first), its token width the most tokens any of them takes.
     """
 
     name: str
@@ -163,39 +166,68 @@ def concat_pieces(pieces: Sequence[tuple[jax.Array, jax.Array]]) -> tuple[jax.Ar
     return out, offset
 
 
+class Lookup(flax.struct.PyTreeNode):
+    """A region encoded by table: fillings [K, N] int32 slot rows, ids [K, T] int32 (-1 pad)
+    and lengths [K] int32 of left text + filling + right text."""
+
+    fillings: jax.Array
+    ids: jax.Array
+    lengths: jax.Array
+
+    def encode(self, row: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """row [N] int32 -> (ids [T] int32, length [] int32) of the matching filling."""
+        k = jnp.argmax(jnp.all(self.fillings == row[None, :], axis=1))
+        return self.ids[k], self.lengths[k]
+
+
 class Block(flax.struct.PyTreeNode):
     """Fixed token runs alternating with slot regions: static[0] region[0] static[1] ... static[-1].
 
     Region g is left text + slot g's symbols + right text (the slot widened to cuts), encoded
-    with tables[g]; tables is a SymbolBpe stacked over the G regions (`stack_tables`).
+    by lookups[g] when that is set, else with tables[bpe_index[g]]; tables is a SymbolBpe
+    stacked over the BPE regions (`stack_tables`), None when there are none.
     """
 
-    tables: SymbolBpe
+    tables: SymbolBpe | None
+    lookups: tuple[Lookup | None, ...]
     static: tuple[tuple[int, ...], ...] = flax.struct.field(pytree_node=False)
     slot_names: tuple[str, ...] = flax.struct.field(pytree_node=False)
     slot_widths: tuple[int, ...] = flax.struct.field(pytree_node=False)
     max_tokens: tuple[int, ...] = flax.struct.field(pytree_node=False)  # output width per region
     region_bytes: tuple[int, ...] = flax.struct.field(pytree_node=False)  # BPE work width
+    bpe_index: tuple[int, ...] = flax.struct.field(pytree_node=False)  # -1: a lookup region
 
     def encode(self, slots: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """{slot name: [width] int32 symbol ids} -> (ids [T] int32 (-1 pad), length [] int32)."""
-        n = max(self.slot_widths)
-        nothing = self.tables.base - 3  # [G]: the slot id that stands for no text (the edge)
-        rows = jnp.stack(
-            [
-                jnp.concatenate([slots[name].astype(jnp.int32), jnp.full((n - w,), nothing[g])])
-                for g, (name, w) in enumerate(zip(self.slot_names, self.slot_widths))
-            ]
-        )
-        ids, lengths = jax.vmap(encode_region, in_axes=(0, 0, None))(
-            self.tables, rows, max(self.region_bytes)
-        )
+        bpe = [g for g, i in enumerate(self.bpe_index) if i >= 0]
+        if bpe:
+            n = max(self.slot_widths[g] for g in bpe)
+            nothing = self.tables.base - 3  # [G]: the slot id that stands for no text (the edge)
+            rows = jnp.stack(
+                [
+                    jnp.concatenate(
+                        [
+                            slots[self.slot_names[g]].astype(jnp.int32),
+                            jnp.full((n - self.slot_widths[g],), nothing[i]),
+                        ]
+                    )
+                    for i, g in enumerate(bpe)
+                ]
+            )
+            ids, lengths = jax.vmap(encode_region, in_axes=(0, 0, None))(
+                self.tables, rows, max(self.region_bytes[g] for g in bpe)
+            )
         pieces = []
-        for i, static in enumerate(self.static):
+        for g, static in enumerate(self.static):
             if static:
                 pieces.append((jnp.array(static, jnp.int32), jnp.int32(len(static))))
-            if i < len(self.slot_names):
-                pieces.append((ids[i, : self.max_tokens[i]], lengths[i]))
+            if g == len(self.slot_names):
+                break
+            if self.lookups[g] is not None:
+                pieces.append(self.lookups[g].encode(slots[self.slot_names[g]].astype(jnp.int32)))
+            else:
+                i = self.bpe_index[g]
+                pieces.append((ids[i, : self.max_tokens[g]], lengths[i]))
         return concat_pieces(pieces)
 
 
@@ -265,23 +297,38 @@ def build_block(
                     f"{text!r}; this tokenizer cannot render it exactly"
                 )
     statics: list[str] = [p for p in parts if isinstance(p, str)]
-    tables, widths, most, region_bytes = [], [], [], []
+    tables, lookups, bpe_index, widths, most, region_bytes = [], [], [], [], [], []
     for i, slot in enumerate(slots):
         lw, rw = widen[i]
         if lw + (widen[i - 1][1] if i else 0) > len(statics[i]) or rw > len(statics[i + 1]):
             raise ValueError(f"slot {slot.name!r}: its widened region overlaps the previous slot's")
         left_text = statics[i][len(statics[i]) - lw :]
         right_text = statics[i + 1][:rw]
-        tables.append(build_symbol_bpe(tokenizer, slot.symbols, left_text, right_text))
         widths.append(len(slot.sample(rng)))
-        region_bytes.append(max_tokens(slot.symbols, left_text, right_text, widths[-1]))
         if slot.fillings is None:
+            bpe_index.append(len(tables))
+            tables.append(build_symbol_bpe(tokenizer, slot.symbols, left_text, right_text))
+            region_bytes.append(max_tokens(slot.symbols, left_text, right_text, widths[-1]))
             most.append(region_bytes[-1])
+            lookups.append(None)
         else:  # the region's edges are cuts: its tokens are encode(region text), verified below
             texts = [
                 left_text + "".join(slot.symbols[i] for i in f) + right_text for f in slot.fillings
             ]
-            most.append(max(map(len, _encode_many(tokenizer, texts))))
+            encoded = _encode_many(tokenizer, texts)
+            bpe_index.append(-1)
+            region_bytes.append(0)
+            most.append(max(map(len, encoded)))
+            ids = np.full((len(encoded), most[-1]), -1, np.int32)
+            for k, row in enumerate(encoded):
+                ids[k, : len(row)] = row
+            lookups.append(
+                Lookup(
+                    fillings=jnp.asarray(slot.fillings, jnp.int32),
+                    ids=jnp.asarray(ids),
+                    lengths=jnp.asarray([len(row) for row in encoded], jnp.int32),
+                )
+            )
     trimmed = []
     for i, text in enumerate(statics):
         start = widen[i - 1][1] if i else 0
@@ -290,12 +337,14 @@ def build_block(
             tuple(_encode_many(tokenizer, [text[start:stop]])[0]) if stop > start else ()
         )
     block = Block(
-        tables=stack_tables(tables),
+        tables=stack_tables(tables) if tables else None,
+        lookups=tuple(lookups),
         static=tuple(trimmed),
         slot_names=tuple(s.name for s in slots),
         slot_widths=tuple(widths),
         max_tokens=tuple(most),
         region_bytes=tuple(region_bytes),
+        bpe_index=tuple(bpe_index),
     )
     _verify(tokenizer, block, parts, slots, rng, verify)
     return block
@@ -324,10 +373,17 @@ def _encode_rows(bpe: SymbolBpe, slot_ids: jax.Array, width: int) -> tuple[jax.A
 def _region_tokens(block: Block, g: int, slot_ids: np.ndarray) -> list[list[int]]:
     """Host: region g's tokens for each row of slot_ids [S, width], S % VERIFY_ROWS == 0.
 
-    Rows are padded with the id that stands for nothing to a bucketed width, so that every
-    region of about that width and table size runs the same compiled `_encode_rows`.
+    A lookup region is looked up on the host. BPE rows are padded with the id that stands for
+    nothing to a bucketed width, so that every region of about that width and table size runs
+    the same compiled `_encode_rows`.
     """
-    tables = jax.tree.map(lambda x: np.asarray(x)[g], block.tables)  # host slicing: no compile
+    lookup = block.lookups[g]
+    if lookup is not None:
+        fillings, ids, lengths = map(np.asarray, (lookup.fillings, lookup.ids, lookup.lengths))
+        ks = [int(np.argmax(np.all(fillings == row, axis=1))) for row in slot_ids]
+        return [ids[k, : lengths[k]].tolist() for k in ks]
+    # host slicing: no compile
+    tables = jax.tree.map(lambda x: np.asarray(x)[block.bpe_index[g]], block.tables)
     n = _verify_width(block.slot_widths[g])
     padded = np.full((slot_ids.shape[0], n), int(tables.base) - 3, np.int32)
     padded[:, : block.slot_widths[g]] = slot_ids

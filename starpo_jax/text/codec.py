@@ -1,6 +1,6 @@
 """The codec: everything the rollout needs to speak to the model inside jit, built once.
 
-    codec = build_codec(tokenizer, env, mode="think")
+    codec = build_codec(tokenizer, env, mode="think")     # the env's settings unless given
     ids, n = codec.render_observation(symbols)            # == tokenizer.encode(env.render_text(s))
     ids, n = codec.first_prompt(symbols, actions_left)    # system + user turn 1 + assistant header
     ids, n = codec.next_prompt(turn, reward, symbols, actions_left)  # end of reply .. header
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from starpo_jax.text import blocks as bk
 from starpo_jax.text.parse import ParsedReply, ReplyParser, build_parser, parse
-from starpo_jax.text.templates import NO_THINK, THINK, PromptTemplate, default_template, intro_text
+from starpo_jax.text.templates import NO_THINK, THINK, PromptTemplate, default_template, env_intro
 from starpo_jax.text.token_bytes import TokenBytes, token_byte_table
 
 _SENTINELS = ("\x01SYS\x01", "\x01U1\x01", "\x01A1\x01", "\x01U2\x01", "\x01A2\x01")
@@ -154,19 +154,31 @@ def build_codec(
     env: Any,
     mode: str = THINK,
     *,
-    max_actions_per_turn: int = 5,
-    max_tokens: int = 100,
+    max_actions_per_turn: int | None = None,
+    max_actions_per_traj: int | None = None,
+    max_tokens: int | None = None,
     max_reply_bytes: int = 2048,
     verify: int = 300,
     **template_overrides: Any,
 ) -> Codec:
     """Host: builds and verifies a Codec for this tokenizer and env (a TextEnv).
 
-    template_overrides replace fields of `default_template(mode)` (e.g. system=..., turn=...).
-    Raises ValueError, naming the symbol or slot, if a rendering cannot be made exact.
+    max_actions_per_turn: actions the parser keeps from a reply; max_actions_per_traj: the
+    prompt's "You can make up to N actions"; max_tokens: the "Max response length" it announces
+    (not the generation budget). None takes the env's `settings` (max_tokens: its
+    announced_tokens). template_overrides replace fields of `default_template(mode)` (e.g.
+    system=..., turn=...). Raises ValueError, naming the symbol or slot, if a rendering cannot be
+    made exact.
     """
     if mode not in (THINK, NO_THINK):
         raise ValueError(f"unknown mode {mode!r}; valid: {THINK!r}, {NO_THINK!r}")
+    settings = env.settings
+    if max_actions_per_turn is None:
+        max_actions_per_turn = settings.max_actions_per_turn
+    if max_actions_per_traj is None:
+        max_actions_per_traj = settings.max_actions_per_traj
+    if max_tokens is None:
+        max_tokens = settings.announced_tokens
     template = PromptTemplate(**{**default_template(mode).__dict__, **template_overrides})
     rows, cols = jax.eval_shape(
         lambda key: env.render_symbols(env.reset(key)[0]), jax.random.PRNGKey(0)
@@ -180,7 +192,12 @@ def build_codec(
 
     observation = bk.build_block(tokenizer, [state], verify=max(verify, 1000))
     chat = chat_pieces(tokenizer)
-    intro = intro_text(template, env.instructions, env.action_names, max_actions_per_turn)
+    intro = env_intro(
+        template,
+        env,
+        max_actions_per_turn=max_actions_per_turn,
+        max_actions_per_traj=max_actions_per_traj,
+    )
     turn_parts = _split(
         template.turn.replace("{max_tokens}", str(max_tokens)),
         {"turn": turn, "state": state, "actions_left": left},

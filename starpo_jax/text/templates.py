@@ -1,13 +1,21 @@
 """Prompt templates (the original's wording), the reward format, and the host-side conversation.
 
-The conversation of one trajectory, as the original's context manager builds it:
+The conversation of one trajectory, as the original's context manager builds it (RAGEN v1,
+`ragen/llm_agent/ctx_manager.py` with `config/envs.yaml`):
 
     system:    template.system
-    user:      intro (instructions, actions, action budget) + turn text of turn 1
+    user:      intro (instructions, symbol legend, actions and action budget) + turn text of turn 1
     assistant: reply 1 (starts with the forced prefix, e.g. "<think>")
     user:      reward text of turn 1 + turn text of turn 2
     assistant: reply 2
     ...
+
+The intro is the env's instructions, then "\nThe meaning of each symbol in the state is:\n" and
+"symbol: meaning, ..." when the env has a legend, then "\nYour available actions are:\n..." and
+"\nYou can make up to {max_actions_per_traj} actions, ..." when the env lists its actions (the
+bandit neither: its intro is empty, its state holds the whole game text). The turn text
+announces `max_tokens` as the "Max response length", which is not the generation budget (the
+original announces 100 and generates up to 400 tokens).
 
 Rewards are written by `format_reward`: rounded to 2 decimals (half to even, in float32, as
 jnp.round does), trailing zeros and a trailing point stripped, no "-0": 0.1 -> "0.1",
@@ -20,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import string
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,30 +46,37 @@ def _fields(text: str) -> list[str]:
     return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
 
 
+# Fields every intro part may use (filled on the host, once per env).
+_INTRO_FIELDS = {"instructions", "legend_line", "actions_line", "legend", "actions",
+                 "max_actions_per_turn", "max_actions_per_traj", "action_sep"}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PromptTemplate:
     """The strings of the prompt; `{name}` fields are filled per env (static) or per turn.
 
-    intro: first user message head; fields {instructions}, {actions}, {max_actions_per_turn},
-      {action_sep}. `actions_line` ({actions}) is inserted before the budget line unless the
-      env's instructions already contain its text before the field.
+    intro: first user message head; fields {instructions}, {legend_line} (`legend_line` filled,
+      or "" when the env has no legend), {actions_line} (`actions_line` filled, or "" when the
+      env lists no actions); also {legend}, {actions}, {max_actions_per_turn},
+      {max_actions_per_traj}, {action_sep}, as `legend_line` and `actions_line` may.
     turn: fields {turn}, {state}, {actions_left} (each exactly once, filled in JAX) and
-      {max_tokens}.
+      {max_tokens} (the announced reply length).
     reward: field {reward} exactly once (filled in JAX).
     forced_prefix: text the reply is forced to begin with (part of the reply).
     """
 
-    system: str = "You're a helpful assistant."
-    intro: str = (
-        "{instructions}\n{actions_line}You can make up to {max_actions_per_turn} actions, "
-        'separated by the action separator " {action_sep} "\n'
+    system: str = "You're a helpful assistant. "
+    intro: str = "{instructions}{legend_line}{actions_line}"
+    legend_line: str = "\nThe meaning of each symbol in the state is:\n{legend}"
+    actions_line: str = (
+        "\nYour available actions are:\n{actions}\nYou can make up to {max_actions_per_traj} "
+        'actions, separated by the action separator " {action_sep} "\n'
     )
-    actions_line: str = "Your available actions are:\n{actions}\n"
     turn: str = (
-        "Turn {turn}:\nState:\n{state}\nYou have {actions_left} actions left. Always output: "
+        "\nTurn {turn}:\nState:\n{state}\nYou have {actions_left} actions left. Always output: "
         + _FORMAT_RULE[THINK]
         + " with no extra text. Strictly follow this format. "
-        "Max response length: {max_tokens} words (tokens)."
+        "Max response length: {max_tokens} words (tokens).\n"
     )
     reward: str = "Reward:\n{reward}\n"
     forced_prefix: str = "<think>"
@@ -69,11 +85,9 @@ class PromptTemplate:
 
     def __post_init__(self) -> None:
         expected = {
-            "intro": (
-                {"instructions", "actions_line", "max_actions_per_turn", "action_sep"},
-                set(),
-            ),
-            "actions_line": ({"actions"}, set()),
+            "intro": (_INTRO_FIELDS, set()),
+            "legend_line": (_INTRO_FIELDS - {"legend_line", "actions_line"}, set()),
+            "actions_line": (_INTRO_FIELDS - {"legend_line", "actions_line"}, set()),
             "turn": ({"max_tokens"}, {"turn", "state", "actions_left"}),
             "reward": (set(), {"reward"}),
             "system": (set(), set()),
@@ -126,18 +140,41 @@ def format_reward(reward: float) -> str:
 def intro_text(
     template: PromptTemplate,
     instructions: str,
-    action_names: Sequence[str],
+    legend: Sequence[tuple[str, str]],
+    actions: Sequence[str],
+    *,
     max_actions_per_turn: int,
+    max_actions_per_traj: int,
 ) -> str:
-    """The first user message's head, with every field filled."""
-    actions = ", ".join(action_names)
-    head = template.actions_line.split("{", 1)[0]
-    line = "" if head and head in instructions else template.actions_line.format(actions=actions)
-    return template.intro.format(
+    """The first user message's head, with every field filled.
+
+    legend: (symbol, meaning) pairs, () for no legend line; actions: the action names the
+    prompt lists, () for no actions line (nor action budget).
+    """
+    values: dict[str, Any] = dict(
         instructions=instructions,
-        actions_line=line,
+        legend=", ".join(f"{symbol}: {meaning}" for symbol, meaning in legend),
+        actions=", ".join(actions),
         max_actions_per_turn=max_actions_per_turn,
+        max_actions_per_traj=max_actions_per_traj,
         action_sep=template.action_sep,
+    )
+    values["legend_line"] = template.legend_line.format(**values) if legend else ""
+    values["actions_line"] = template.actions_line.format(**values) if actions else ""
+    return template.intro.format(**values)
+
+
+def env_intro(
+    template: PromptTemplate, env: Any, *, max_actions_per_turn: int, max_actions_per_traj: int
+) -> str:
+    """`intro_text` of a TextEnv: its instructions, symbol legend and (if it lists them) actions."""
+    return intro_text(
+        template,
+        env.instructions,
+        env.symbol_legend,
+        env.action_names if env.lists_actions else (),
+        max_actions_per_turn=max_actions_per_turn,
+        max_actions_per_traj=max_actions_per_traj,
     )
 
 
@@ -159,29 +196,27 @@ def user_message(
 
 def render_conversation_text(
     template: PromptTemplate,
-    instructions: str,
-    action_names: Sequence[str],
+    intro: str,
     states: Sequence[str],
     replies: Sequence[str],
     rewards: Sequence[float],
     actions_left: Sequence[int],
     *,
-    max_actions_per_turn: int = 5,
     max_tokens: int = 100,
 ) -> list[dict[str, str]]:
     """Host-side messages of a conversation (logs, tests): what the JAX codec assembles.
 
-    states[k], actions_left[k]: the observation text and budget shown on turn k+1;
-    replies[k]: the assistant's text (including the forced prefix); rewards[k]: the reward of
-    turn k+1, shown at the start of the next user message. len(replies) is len(states) or one
-    less (the conversation then ends with a user turn awaiting the reply).
+    intro: the first user message's head (`env_intro`); states[k], actions_left[k]: the
+    observation text and budget shown on turn k+1; replies[k]: the assistant's text (including
+    the forced prefix); rewards[k]: the reward of turn k+1, shown at the start of the next user
+    message; max_tokens: the announced reply length. len(replies) is len(states) or one less
+    (the conversation then ends with a user turn awaiting the reply).
     """
     if not (len(states) - 1 <= len(replies) <= len(states)) or len(rewards) < len(replies) - 1:
         raise ValueError(
             f"inconsistent lengths: {len(states)} states, {len(replies)} replies, "
             f"{len(rewards)} rewards"
         )
-    intro = intro_text(template, instructions, action_names, max_actions_per_turn)
     messages = [{"role": "system", "content": template.system}]
     for k, state in enumerate(states):
         previous = rewards[k - 1] if k else None
