@@ -74,9 +74,12 @@ class RolloutConfig:
     max_turns: int = 5
     max_actions_per_turn: int = 5
     max_actions_per_traj: int = 10
-    reply_tokens: int = 100
+    reply_tokens: int = 400  # the original's response_length
     announced_tokens: int = 100
     mode: str = "think"  # "think": replies start with <think>; "nothink": with <answer>
+    # Sampling. The trainer scores tokens under softmax(logits / temperature), the sampler's
+    # distribution; top_p / top_k truncate sampling only (as veRL), which makes a truncated
+    # rollout slightly off-policy: rollout/logprob_diff_* does not show that part.
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0

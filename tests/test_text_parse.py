@@ -178,3 +178,18 @@ def test_answer_closed_matches_substring(tok, table):
     prefix_texts = [tok.decode(enc[: i + 1]) for i in range(len(enc))]
     first = next(i for i, s in enumerate(prefix_texts) if "</answer>" in s)
     assert hits.index(True) == first
+
+
+def test_a_long_reply_is_read_to_its_end(tok, table):
+    """The byte window follows the reply's token budget (issue: a fixed 2048-byte window lost
+    the `</answer>` of a long thinking reply and gave a false format penalty)."""
+    reply = "<think>" + "let me think about the box. " * 120 + "</think><answer>Up</answer>"
+    ids = tok.encode(reply, add_special_tokens=False)
+    assert len(reply) > 3000
+    p = build_parser(table, NAMES, think=True, max_actions=3)
+    got = jax.jit(lambda i, n: parse(p, i, n))(jnp.asarray([ids], jnp.int32),
+                                               jnp.asarray([len(ids)], jnp.int32))
+    assert bool(got.format_ok[0]) and got.actions[0, : int(got.num_actions[0])].tolist() == [3]
+    assert reference_parse(reply.encode(), NAMES, think=True, max_actions=3) == ([3], True)
+    capped = build_parser(table, NAMES, think=True, max_actions=3, max_bytes=2048)
+    assert not bool(parse(capped, jnp.asarray(ids, jnp.int32), len(ids)).format_ok)

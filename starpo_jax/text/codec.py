@@ -157,7 +157,7 @@ def build_codec(
     max_actions_per_turn: int | None = None,
     max_actions_per_traj: int | None = None,
     max_tokens: int | None = None,
-    max_reply_bytes: int = 2048,
+    max_reply_bytes: int | None = None,
     verify: int = 300,
     **template_overrides: Any,
 ) -> Codec:

@@ -9,7 +9,8 @@ Rules (the original's, on the UTF-8 bytes of the reply; the reply includes the f
   dropped. format_ok = a match, at least one kept item, and every kept item known.
 - Whitespace is ASCII whitespace (space, \\t, \\n, \\r, \\v, \\f) both in `\\s` and in trimming.
 - think_tokens: reply tokens overlapping the think content (0 without a match or in nothink).
-- Only the first `max_bytes` bytes of the reply are read.
+- The whole reply is read: the byte window is its token width x the longest token's bytes,
+  unless `max_bytes` caps it (then only the first `max_bytes` bytes are read).
 `reference_parse` is the same rules with Python's `re`, for tests and logs.
 """
 
@@ -51,7 +52,7 @@ class ReplyParser(flax.struct.PyTreeNode):
     think: bool = flax.struct.field(pytree_node=False)
     separator: bytes = flax.struct.field(pytree_node=False)
     max_actions: int = flax.struct.field(pytree_node=False)
-    max_bytes: int = flax.struct.field(pytree_node=False)
+    max_bytes: int | None = flax.struct.field(pytree_node=False)  # None: the whole reply
 
 
 def build_parser(
@@ -61,7 +62,7 @@ def build_parser(
     think: bool,
     separator: str = "||",
     max_actions: int = 5,
-    max_bytes: int = 2048,
+    max_bytes: int | None = None,
 ) -> ReplyParser:
     """Host: a ReplyParser. Raises ValueError for a separator that overlaps itself irregularly."""
     sep = separator.encode("utf-8")
@@ -103,12 +104,18 @@ def _first(mask: jax.Array) -> jax.Array:
     return jnp.where(jnp.any(mask), jnp.argmax(mask), mask.shape[0]).astype(jnp.int32)
 
 
+def byte_window(p: ReplyParser, reply_tokens: int) -> int:
+    """Bytes a reply of `reply_tokens` token slots is read over: all it can hold, or max_bytes."""
+    whole = reply_tokens * p.token_bytes.shape[1]
+    return whole if p.max_bytes is None else min(whole, p.max_bytes)
+
+
 def _reply_chars(p: ReplyParser, ids: jax.Array, length: jax.Array):
     """Gathers the reply's bytes: chars [N] int32 (-1 past the end), token ends [T]."""
     ids = jnp.clip(ids, 0, p.token_lengths.shape[0] - 1)
     lens = jnp.where(jnp.arange(ids.shape[0]) < length, p.token_lengths[ids], 0)
     ends = jnp.cumsum(lens)
-    j = jnp.arange(p.max_bytes)
+    j = jnp.arange(byte_window(p, ids.shape[0]))
     which = jnp.clip(jnp.searchsorted(ends, j, side="right"), 0, ids.shape[0] - 1)
     inner = jnp.clip(j - (ends[which] - lens[which]), 0, p.token_bytes.shape[1] - 1)
     chars = jnp.where(j < ends[-1], p.token_bytes[ids[which], inner].astype(jnp.int32), -1)
@@ -118,7 +125,7 @@ def _reply_chars(p: ReplyParser, ids: jax.Array, length: jax.Array):
 def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     """One reply: ids [T] int32, length [] int32 -> ParsedReply of scalars / [max_actions]."""
     chars, ends, lens = _reply_chars(p, ids, length)
-    n = p.max_bytes
+    n = chars.shape[0]
     pos = jnp.arange(n)
     space = jnp.isin(chars, jnp.array(list(WHITESPACE)))
     # next_solid[i]: first non-whitespace position >= i (n if none); index n is allowed.
@@ -194,10 +201,10 @@ def reference_parse(
     think: bool,
     separator: str = "||",
     max_actions: int = 5,
-    max_bytes: int = 2048,
+    max_bytes: int | None = None,
 ) -> tuple[list[int], bool]:
     """The same rules with Python's `re` on bytes: (action ids, format_ok)."""
-    text = reply[:max_bytes]
+    text = reply if max_bytes is None else reply[:max_bytes]
     pattern = (
         rb"<think>(.*?)</think>" + _WS.encode() if think else b""
     ) + rb"<answer>(.*?)</answer>"
