@@ -188,11 +188,11 @@ class LossConfig:
     (losses.aggregate): "token_mean" (the original's default), "seq_mean_token_mean",
     "seq_mean_token_sum" (which the original's config comment labels Dr.GRPO) and
     "seq_mean_token_sum_norm": each row's token sum over a constant, the reply-token budget
-    rollout.max_turns x rollout.reply_tokens, then the mean over rows (Dr.GRPO's normaliser as
-    the paper and verl's code define it; verl divides by the padded response width, which the
-    budget is here). Dr.GRPO = this with AdvantageConfig.grpo_mode "mean". The two token-sum
-    modes differ by that constant factor only, which AdamW all but ignores (up to its eps and
-    the grad-norm clip).
+    rollout.max_turns x rollout.reply_tokens, then the mean over rows: Dr.GRPO's constant
+    normaliser (verl's mode of that name divides by the padded response width of the batch,
+    and at RAGEN's micro-batch size 1 averages over the rows). Dr.GRPO = this with
+    AdvantageConfig.grpo_mode "mean". The two token-sum modes differ by that constant factor
+    only, which AdamW all but ignores (up to its eps and the grad-norm clip).
     """
 
     clip_low: float = 0.2

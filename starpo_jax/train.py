@@ -6,9 +6,11 @@
     state, metrics = step(state, key)        # the state is donated: use the returned one
 
 Inside `step`: rollout (P x N trajectories) -> uncertainty filter on the summed env rewards
-(K of P groups kept, static shapes [K * N, L]) -> Online-k rounds of { one teacher-forced
+(K of P groups, static shapes [K * N, L]; the rows of groups a variable-count strategy did not
+keep have an empty loss mask) -> Online-k rounds of { one teacher-forced
 forward for old log-probs (and critic values), advantages from the registry, ppo_epochs x
-minibatches of AdamW updates (lax.scan; a minibatch's gradient may be summed over
+minibatches of AdamW updates (lax.scan; kept rows first, and a minibatch without one makes
+no update; a minibatch's gradient may be summed over
 optim.micro_batches row slices, and the forwards without a gradient run in as many slices,
 for memory) } -> a flat dict of float32 metrics. The reference
 forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
@@ -106,6 +108,16 @@ def in_row_slices(fn: Callable[[Any], Any], batch: Any, pieces: int) -> Any:
     if pieces == 1:
         return fn(batch)
     return _merge_rows(jax.lax.map(fn, _split_rows(batch, pieces)))
+
+
+def apply_if(flag: jax.Array, tx: optax.GradientTransformation, grads: Any,
+             opt_state: optax.OptState, params: Any) -> tuple[Any, optax.OptState]:
+    """(params, opt_state) after one step of tx, or both unchanged where flag ([] bool) is
+    False: a mini-batch without a kept token makes no step, as in the original, which never
+    forms it (AdamW's momentum and weight decay move the weights even at a zero gradient)."""
+    updates, new_opt = tx.update(grads, opt_state, params)
+    new = (optax.apply_updates(params, updates), new_opt)
+    return jax.tree.map(lambda n, o: jnp.where(flag, n, o), new, (params, opt_state))
 
 
 def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> TrainState:
@@ -224,18 +236,24 @@ def _mean(x: jax.Array, where: jax.Array) -> jax.Array:
 
 
 def rollout_metrics(out: Rollout, kept: Rollout, group_std: jax.Array, kept_idx: jax.Array,
-                    ) -> Metrics:
-    """Rollout statistics (issue 6 names) from the whole batch and the filtered one."""
-    reward, kept_reward = out.scores_without_penalty, kept.scores_without_penalty
+                    kept_groups: jax.Array) -> Metrics:
+    """Rollout statistics (issue 6 names) from the whole batch and the filtered one; kept_groups
+    [K] bool marks the groups of kept_idx [K] really kept (the kept_* figures are theirs)."""
+    reward = out.scores_without_penalty
+    really = jnp.repeat(kept_groups, kept.lengths.shape[0] // kept_groups.shape[0])  # [K * N]
+    kept_reward_mean = _mean(kept.scores_without_penalty, really)
+    kept_reward_std = jnp.sqrt(_mean(jnp.square(kept.scores_without_penalty - kept_reward_mean),
+                                     really))
     turns = out.turn_taken.sum(-1)
     steps = out.num_actions
     return {
         "train/success": out.success.mean(),
         "rollout/reward_mean": reward.mean(), "rollout/reward_std": reward.std(),
-        "rollout/kept_reward_mean": kept_reward.mean(), "rollout/kept_reward_std": kept_reward.std(),
+        "rollout/kept_reward_mean": kept_reward_mean, "rollout/kept_reward_std": kept_reward_std,
+        "rollout/kept_groups": kept_groups.sum(),
         "rollout/score_mean": out.scores.mean(),
         "rollout/in_group_std_mean": group_std.mean(), "rollout/in_group_std_max": group_std.max(),
-        "rollout/chosen_in_group_std": group_std[kept_idx].mean(),
+        "rollout/chosen_in_group_std": _mean(group_std[kept_idx], kept_groups),
         "rollout/response_length": _mean(out.reply_lengths, out.turn_taken),
         "rollout/sequence_length": out.lengths.mean(),  # buffer tokens: prompts, env text, replies
         "rollout/think_length": _mean(out.think_tokens, out.turn_taken),
@@ -321,21 +339,22 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
     def minibatch_update(state: TrainState, mb) -> tuple[TrainState, Metrics]:
         # Every micro-batch divides by the whole minibatch's count; the metrics are computed
         # once, from the whole minibatch's per-token outputs.
-        normaliser = aggregate_normaliser(mb["rollout"].loss_mask, cfg.loss.agg)
+        normaliser = aggregate_normaliser(mb["rollout"].loss_mask, cfg.loss.agg, slots)
+        used = mb["rollout"].loss_mask.any()
         grads, (logp, entropy) = accumulated_grad(
             lambda p, b: actor_loss(p, b, normaliser), state.actor, mb, opt.micro_batches)
         _, aux = actor_objective(logp, entropy, mb, normaliser)
         aux["actor/grad_norm"] = optax.tree.norm(grads)
-        updates, actor_opt = actor_tx.update(grads, state.actor_opt, state.actor)
-        state = state.replace(actor=optax.apply_updates(state.actor, updates), actor_opt=actor_opt)
+        actor, actor_opt = apply_if(used, actor_tx, grads, state.actor_opt, state.actor)
+        state = state.replace(actor=actor, actor_opt=actor_opt)
+        aux["used"] = used
         if ppo:
             grads, values = accumulated_grad(
                 lambda p, b: critic_loss(p, b, normaliser), state.critic, mb, opt.micro_batches)
             _, critic_aux = critic_objective(values, mb, normaliser)
             aux.update(critic_aux, **{"critic/grad_norm": optax.tree.norm(grads)})
-            updates, critic_opt = critic_tx.update(grads, state.critic_opt, state.critic)
-            state = state.replace(critic=optax.apply_updates(state.critic, updates),
-                                  critic_opt=critic_opt)
+            critic, critic_opt = apply_if(used, critic_tx, grads, state.critic_opt, state.critic)
+            state = state.replace(critic=critic, critic_opt=critic_opt)
         return state, aux
 
     def update_round(state: TrainState, key, batch: Rollout, ref_logp):
@@ -357,12 +376,16 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
 
         def epoch(state, epoch_key):
             order = jax.random.permutation(epoch_key, rows)
+            # Rows of kept groups first: the mini-batches left without one make no update, so
+            # as many updates are made as the original's mini-batches of the kept rows.
+            order = order[jnp.argsort(~batch.loss_mask[order].any(1), stable=True)]
             split = lambda x: constrain(x[order].reshape(opt.minibatches, -1, *x.shape[1:]))  # noqa: E731
             return jax.lax.scan(minibatch_update, state, jax.tree.map(split, data))
 
         state, aux = jax.lax.scan(epoch, state, jax.random.split(key, opt.ppo_epochs))
         state = mark(phase_clock, "update", state)
-        aux = jax.tree.map(jnp.mean, aux)
+        used = aux.pop("used").astype(jnp.float32)  # means over the mini-batches that updated
+        aux = jax.tree.map(lambda v: jnp.sum(v * used) / jnp.maximum(used.sum(), 1.0), aux)
         aux["actor/entropy"] = aggregate(entropy, batch.loss_mask)
         return state, aux
 
@@ -372,9 +395,11 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
                                         rollout_key, eos_id=eos_id, pad_id=pad_id,
                                         clock=phase_clock))
         out = mark(phase_clock, "rollout", out)
-        selection = select_groups(out.scores_without_penalty.reshape(-1, group),
-                                  config.filter.keep_ratio, config.filter.mode)
-        batch = constrain(gather_group_rows(out, selection.indices, group))
+        selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter)
+        batch = gather_group_rows(out, selection.indices, group)
+        # Groups not really kept stay in the static batch but out of every loss and statistic.
+        batch = constrain(batch.replace(
+            loss_mask=batch.loss_mask & jnp.repeat(selection.kept, group)[:, None]))
         ref_logp = None
         if config.loss.kl_coef > 0:
             ref_logp = mark(phase_clock, "reference_logprobs",
@@ -384,7 +409,8 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
             return update_round(state, round_key, batch, ref_logp)
 
         state, aux = jax.lax.scan(round_, state, jax.random.split(update_key, opt.rollout_reuse))
-        metrics = rollout_metrics(out, batch, selection.group_std, selection.indices)
+        metrics = rollout_metrics(out, batch, selection.group_std, selection.indices,
+                                  selection.kept)
         metrics.update(jax.tree.map(jnp.mean, aux))
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics

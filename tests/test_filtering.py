@@ -3,6 +3,7 @@ jit, and the train step learns from those groups only."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -269,3 +270,126 @@ def test_gather_groups_and_rows():
     np.testing.assert_array_equal(got_rows["scores"], np.concatenate([SCORES[0], SCORES[2]]))
     with pytest.raises(ValueError, match="not a multiple of group_size 3"):
         gather_group_rows(flat, kept, 3)
+
+
+# The train step with a variable-count filter. Its rollout is the real one with two things put
+# in from the host at run time (io_callback, so one compiled step serves several cases): the
+# rows' rewards, and whether to scramble the tokens and loss masks of rows 2-5 (groups 1, 2).
+# Rewards [0, 2 | 1, 1 | 0, .2 | 0, 4]: stds 1.41, 0, .141, 2.83; top_p 0.9 without zero-std
+# groups needs 2.83 + 1.41 >= 0.9 * 4.38 - 0.01, so groups 0 and 3 are kept, 1 and 2 not.
+SPLIT_REWARDS = np.array([0.0, 2.0, 1.0, 1.0, 0.0, 0.2, 0.0, 4.0], np.float32)
+UNKEPT_ROWS = np.array([False, False, True, True, True, True, False, False])
+
+
+def _host_rollout(host: dict):
+    from jax.experimental import io_callback
+
+    from starpo_jax import train as train_lib
+
+    real = train_lib.chunked_rollout
+
+    def rollout(*args, **kwargs):
+        out = real(*args, **kwargs)
+        rewards, scramble = io_callback(
+            lambda: (host["rewards"], np.bool_(host["scramble"])),
+            (jax.ShapeDtypeStruct((8,), jnp.float32), jax.ShapeDtypeStruct((), jnp.bool_)))
+        rows = jnp.asarray(UNKEPT_ROWS)[:, None] & scramble
+        k1, k2 = jax.random.split(jax.random.PRNGKey(11))
+        noise = jax.random.randint(k1, out.tokens.shape, 0, 400, jnp.int32)
+        flips = jax.random.bernoulli(k2, 0.5, out.loss_mask.shape)
+        return out.replace(
+            turn_rewards=out.turn_rewards.at[:, 0].set(rewards).at[:, 1:].set(0.0),
+            tokens=jnp.where(rows, noise, out.tokens),
+            loss_mask=jnp.where(rows, flips & (jnp.arange(out.tokens.shape[1]) > 0),
+                                out.loss_mask))
+
+    return rollout
+
+
+@pytest.fixture(scope="module")
+def masked_steps():
+    """{case: (state before, state after, metrics)} for a GRPO step filtered by top_p (8 static
+    rows in 2 mini-batches of 2 micro-batches): "split" (groups 0 and 3 kept), "scrambled"
+    (the same, rows of groups 1 and 2 scrambled), "none" (equal rewards: nothing kept); and
+    "top_k_abs": keep_groups=2 (the same two groups, 4 rows in one mini-batch)."""
+    from starpo_jax import train as train_lib
+    from test_rollout import REPLY_TOKENS, tiny_bandit_setup
+
+    model, tok, env, codec = tiny_bandit_setup()
+    masked = TrainConfig(
+        algo="grpo",
+        rollout=RolloutConfig(groups=4, group_size=2, max_turns=1, reply_tokens=REPLY_TOKENS,
+                              mode="nothink"),
+        filter=FilterConfig(strategy="top_p", top_p=0.9, include_zero=False),
+        advantage=AdvantageConfig(whiten=True),  # a statistic over the whole batch's tokens
+        loss=LossConfig(agg="seq_mean_token_sum_norm", kl_coef=0.01, entropy_coef=0.01),
+        optim=OptimConfig(actor_lr=1e-3, critic_lr=1e-3, minibatches=2, micro_batches=2))
+    fixed = dataclasses.replace(
+        masked, filter=FilterConfig(strategy="top_k_abs", keep_groups=2, include_zero=False),
+        optim=dataclasses.replace(masked.optim, minibatches=1, micro_batches=1))
+    host = {"rewards": SPLIT_REWARDS, "scramble": False}
+    cases = {"split": (masked, SPLIT_REWARDS, False),
+             "scrambled": (masked, SPLIT_REWARDS, True),
+             "none": (masked, np.ones(8, np.float32), False),
+             "top_k_abs": (fixed, SPLIT_REWARDS, False)}
+    steps, out = {}, {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_lib, "chunked_rollout", _host_rollout(host))
+        for name, (config, rewards, scramble) in cases.items():
+            if config not in steps:
+                steps[config] = train_lib.make_train_step(
+                    config, env, codec, model=model, eos_id=tok.eos_token_id,
+                    pad_id=tok.pad_token_id)
+            host.update(rewards=rewards, scramble=scramble)
+            before = train_lib.init_train_state(config, jax.random.PRNGKey(0), model=model)
+            # The step donates its state: it gets a copy, `before` stays readable.
+            state, metrics = steps[config](jax.tree.map(jnp.copy, before),
+                                           jax.random.PRNGKey(3))
+            before = jax.device_get(before)
+            out[name] = (before, jax.device_get(state), jax.device_get(metrics))
+    return out
+
+
+def _params(state):
+    return jax.tree.leaves(state.actor)
+
+
+def test_masked_rows_change_nothing_in_the_update(masked_steps):
+    """Scrambling the tokens and loss masks of the groups top_p did not keep leaves the step's
+    weights and metrics exactly as they were."""
+    _, split, metrics = masked_steps["split"]
+    _, scrambled, scrambled_metrics = masked_steps["scrambled"]
+    assert metrics["rollout/kept_groups"] == 2
+    for a, b in zip(_params(split), _params(scrambled)):
+        np.testing.assert_array_equal(a, b)
+    assert metrics == scrambled_metrics
+
+
+def test_masked_step_equals_the_step_on_the_kept_groups_alone(masked_steps):
+    """top_p's 8 static rows (half masked, in 2 mini-batches of 2 micro-batches) train exactly
+    as top_k_abs's 4 rows of the same two groups in one mini-batch: one update, the same
+    normalisers (Dr.GRPO's row count is the kept rows'), the same metrics."""
+    before, masked, want = masked_steps["split"]
+    _, fixed, got = masked_steps["top_k_abs"]
+    assert got["rollout/kept_groups"] == want["rollout/kept_groups"] == 2
+    assert not all(np.array_equal(a, b) for a, b in zip(_params(before), _params(masked)))
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    # Adam's first step moves each weight by about lr whatever the gradient's size (see
+    # test_train): equal weights to 1% of lr mean equal gradients.
+    for a, b in zip(_params(masked), _params(fixed)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_a_step_that_keeps_nothing_leaves_the_state_alone(masked_steps):
+    """All groups of zero std and include_zero False: no group kept, no optimizer step (AdamW
+    would otherwise move the weights by weight decay), as the original skips such a step."""
+    before, after, metrics = masked_steps["none"]
+    assert metrics["rollout/kept_groups"] == 0
+    assert metrics["actor/pg_loss"] == 0 and metrics["rollout/chosen_in_group_std"] == 0
+    for name in ("actor", "actor_opt"):
+        for a, b in zip(jax.tree.leaves(getattr(before, name)),
+                        jax.tree.leaves(getattr(after, name))):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+    assert after.step == before.step + 1
