@@ -40,7 +40,8 @@ SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": Advan
             "loss": LossConfig, "optim": OptimConfig}
 DTYPES = ("float32", "bfloat16")
 # Dataclass fields that may be None: typed so that --config overrides parse.
-_OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str}
+_OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str,
+             "max_groups": int}
 # Set by the `nothink` switch, not a key of its own.
 _DERIVED = {"rollout": ("mode",)}
 # rollout keys whose default (None) is the env's own setting (envs_jax.settings(env.name)).

@@ -15,14 +15,13 @@ import math
 from typing import Any
 
 from starpo_jax.advantages import advantage_estimator_names
-from starpo_jax.filtering import num_kept_groups
+from starpo_jax.filtering import FILTER_MODES, FILTER_STRATEGIES, TOP_P_WEIGHTS, kept_bound
+from starpo_jax.losses import AGG_MODES
 
 ALGOS = ("ppo", "grpo")
 MODES = ("think", "nothink")
-FILTER_MODES = ("std", "std_rev")
 GRPO_MODES = ("mean_std", "mean", "none")
 REWARD_PLACEMENTS = ("trajectory", "turn")
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_KINDS = ("k1", "k3", "mse", "abs")
 CACHE_DTYPES = ("float32", "bfloat16")
 
@@ -118,14 +117,49 @@ class RolloutConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FilterConfig:
-    """StarPO-S uncertainty filter: keep the top keep_ratio of groups by in-group reward std."""
+    """StarPO-S uncertainty filter: which groups (by in-group reward std) the update sees.
 
-    keep_ratio: float = 0.25  # 1.0 = filter off
+    strategy (RAGEN-2's rollout_filter_strategy; exact rules in starpo_jax/filtering.py):
+    "top_k" keeps max(1, int(keep_ratio * P)) groups (the StarPO-S paper's filter, and the
+    default); "top_k_abs" keep_groups groups; "top_p" the fewest top-ranked groups whose share
+    of the summed std reaches top_p (top_p_weights "linear": sum >= top_p * total - top_p_eps,
+    or none if never; "softmax": cumulative softmax(std) mass >= top_p); "min_p" the groups with
+    std >= min_p * the largest (std_rev: <= the smallest / min_p). include_zero: may groups of
+    zero std be kept (False: never). mode "std" ranks the largest std first (the original's
+    filter_type "largest"), "std_rev" the smallest. Only the active strategy's parameter is
+    read. RAGEN-2's recommendation: strategy="top_p", top_p=0.9, "linear", include_zero=False.
+
+    The batch has a static number of groups (TrainConfig.kept_groups): top_k's count,
+    keep_groups, or for top_p / min_p all P groups, of which those not kept are masked out of
+    the loss. max_groups (None = no cap) caps that number: fewer rows to compute, and when more
+    groups pass the rule only the highest-ranked max_groups are kept.
+    """
+
+    strategy: str = "top_k"
+    keep_ratio: float = 0.25  # top_k; 1.0 = filter off
+    keep_groups: int = 2  # top_k_abs
+    top_p: float = 0.9  # top_p; 1.0 keeps every candidate
+    top_p_weights: str = "linear"
+    top_p_eps: float = 0.01  # linear top_p's slack (the original's selection_eps)
+    min_p: float = 0.5  # min_p
+    include_zero: bool = True
     mode: str = "std"  # "std" keeps the most uncertain groups, "std_rev" the least
+    max_groups: int | None = None
 
     def __post_init__(self) -> None:
-        _number("filter", "keep_ratio", self.keep_ratio, 0.0, 1.0, low_open=True)
-        _choice("filter", "mode", self.mode, FILTER_MODES)
+        o = "filter"
+        _choice(o, "strategy", self.strategy, FILTER_STRATEGIES)
+        _number(o, "keep_ratio", self.keep_ratio, 0.0, 1.0, low_open=True)
+        _int(o, "keep_groups", self.keep_groups)
+        _number(o, "top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _choice(o, "top_p_weights", self.top_p_weights, TOP_P_WEIGHTS)
+        _number(o, "top_p_eps", self.top_p_eps, 0.0, 1e6)
+        _number(o, "min_p", self.min_p, 0.0, 1.0, low_open=True)
+        if not isinstance(self.include_zero, bool):
+            _fail(o, "include_zero", self.include_zero, "True or False")
+        _choice(o, "mode", self.mode, FILTER_MODES)
+        if self.max_groups is not None:
+            _int(o, "max_groups", self.max_groups)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -140,6 +174,10 @@ class AdvantageConfig:
     the std normalisation). `reward_placement`: the score sits on the last reply
     token of the trajectory ("trajectory", the original's) or each turn's reward on the last
     token of that turn ("turn").
+
+    Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): grpo_mode "mean" is GRPO
+    without the std normalisation (the original's `norm_adv_by_std_in_grpo: False`, which its
+    config comments call Dr.GRPO); the other half of Dr.GRPO is LossConfig.agg.
     """
 
     estimator: str | None = None
@@ -168,6 +206,16 @@ class LossConfig:
 
     kl_coef = 0 removes the KL term entirely: no reference parameters are kept and no
     reference forward is traced.
+
+    agg reduces the per-token losses (policy, entropy, KL, value) to one number
+    (losses.aggregate): "token_mean" (the original's default), "seq_mean_token_mean",
+    "seq_mean_token_sum" (which the original's config comment labels Dr.GRPO) and
+    "seq_mean_token_sum_norm": each row's token sum over a constant, the reply-token budget
+    rollout.max_turns x rollout.reply_tokens, then the mean over rows: Dr.GRPO's constant
+    normaliser (verl's mode of that name divides by the padded response width of the batch,
+    and at RAGEN's micro-batch size 1 averages over the rows). Dr.GRPO = this with
+    AdvantageConfig.grpo_mode "mean". The two token-sum modes differ by that constant factor
+    only, which AdamW all but ignores (up to its eps and the grad-norm clip).
     """
 
     clip_low: float = 0.2
@@ -253,6 +301,9 @@ class TrainConfig:
                            ("optim", OptimConfig)):
             if not isinstance(getattr(self, name), kind):
                 _fail("config", name, getattr(self, name), f"a {kind.__name__}")
+        if self.filter.strategy == "top_k_abs" and self.filter.keep_groups > self.rollout.groups:
+            _fail("filter", "keep_groups", self.filter.keep_groups,
+                  f"an int in [1, rollout.groups = {self.rollout.groups}]")
         rows, per = self.kept_rows, self.optim.minibatch_rows
         if rows > per and rows % per:
             _fail("optim", "minibatch_rows", per,
@@ -292,11 +343,13 @@ class TrainConfig:
 
     @property
     def kept_groups(self) -> int:
-        """K kept groups per step (filtering.py's rule)."""
-        return num_kept_groups(self.rollout.groups, self.filter.keep_ratio)
+        """Kmax groups in the filtered batch, a static bound (filtering.kept_bound); the
+        variable-count strategies mask the groups not kept out of the loss."""
+        return kept_bound(self.rollout.groups, self.filter)
 
     def vanilla(self) -> TrainConfig:
-        """This config turned into vanilla StarPO: KL 0.001, symmetric clip 0.2, no filter."""
+        """This config turned into vanilla StarPO: KL 0.001, symmetric clip 0.2, no filter
+        (whatever the filter's strategy: every group kept, zero-std ones too)."""
         return dataclasses.replace(
-            self, filter=dataclasses.replace(self.filter, keep_ratio=1.0),
+            self, filter=FilterConfig(keep_ratio=1.0),
             loss=dataclasses.replace(self.loss, kl_coef=0.001, clip_low=0.2, clip_high=0.2))

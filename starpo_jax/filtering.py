@@ -1,23 +1,47 @@
 """StarPO-S uncertainty filtering: train only on the groups whose N returns disagree most.
 
 A group is the N trajectories rolled out from one initial state. Its uncertainty is the std of
-their scores (summed rewards WITHOUT the format penalty; the caller passes those). StarPO-S keeps
-the top `keep_ratio` of groups by that std ("std"); "std_rev" keeps the lowest instead (the
-paper's ablation). The kept count is static, so the filtered batch has a static shape inside jit.
+their scores (summed rewards WITHOUT the format penalty; the caller passes those). The groups
+are ranked by it, largest first ("std", the original's filter_type "largest") or smallest
+first ("std_rev", "smallest": the paper's ablation), and a strategy (RAGEN-2's
+`rollout_filter_strategy`, semantics as its `rollout_filter.py`) decides how many of the
+ranking to keep:
 
-Count: K = max(1, int(keep_ratio * P)), RAGEN's rule (`int(value * num_groups)`, at least 1, in
-its rollout filter), float rounding included: 0.25 * 8 -> 2, 0.3 * 8 -> 2, 0.1 * 8 -> 1, and
-0.29 * 100 -> 28 (the product is 28.999...).
+- "top_k": K = max(1, int(keep_ratio * P)), RAGEN's rule, float rounding included:
+  0.25 * 8 -> 2, 0.3 * 8 -> 2, 0.1 * 8 -> 1, 0.29 * 100 -> 28 (the product is 28.999...).
+- "top_k_abs": keep_groups of them.
+- "top_p", weights "linear": the fewest groups whose summed std reaches top_p * (sum of all
+  stds) - top_p_eps, taken while their std is > 0; if that sum is never reached, none.
+  Weights "softmax": the fewest whose softmax(std) mass (softmax(-std) for std_rev) reaches
+  top_p. top_p = 1 keeps every candidate either way.
+- "min_p": "std" keeps the groups with std >= min_p * (largest std); "std_rev" those with
+  std <= (smallest std) / min_p.
+With include_zero False, groups of zero std are never candidates (a group of one rollout has
+std 0); the ratios above still count all P groups, the kept count is at most the candidates'.
+
+Shapes stay static inside jit: `select_groups` returns a static bound Kmax of group indices
+(`kept_bound`: K for top_k, keep_groups for top_k_abs, P for top_p and min_p; at most
+max_groups when that is set) and a mask of the ones really kept. Ties are broken stably (of
+equal stds the lower group index ranks first), where the original's torch sort leaves them
+unspecified.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 
+if TYPE_CHECKING:
+    from starpo_jax.config import FilterConfig
+
+FILTER_STRATEGIES = ("top_k", "top_k_abs", "top_p", "min_p")
 FILTER_MODES = ("std", "std_rev")
+TOP_P_WEIGHTS = ("linear", "softmax")
+
+# The original's zero test (|std| > 1e-10 is "non-zero") and min_p's slack, in float32.
+_ZERO = 1e-10
 
 Tree = TypeVar("Tree")
 
@@ -31,43 +55,99 @@ def num_kept_groups(num_groups: int, keep_ratio: float) -> int:
     return max(1, int(keep_ratio * num_groups))
 
 
+def kept_bound(num_groups: int, config: FilterConfig) -> int:
+    """Kmax: the static number of groups `select_groups` returns (see the module docstring)."""
+    if config.strategy == "top_k":
+        bound = num_kept_groups(num_groups, config.keep_ratio)
+    elif config.strategy == "top_k_abs":
+        bound = min(config.keep_groups, num_groups)
+    else:
+        bound = num_groups
+    return bound if config.max_groups is None else min(bound, config.max_groups)
+
+
 def group_std(scores: jax.Array) -> jax.Array:
     """Per-group std of trajectory scores: [P, N] -> [P] float32.
 
     Unbiased (ddof 1), as the original's torch `std` logs it as rollout/in_group_std; the
-    ranking is the same either way. A group of one (N = 1) has std 0.
+    ranking is the same either way. A group of one (N = 1) has std 0. Computed on the scores
+    less each group's first score, so a group of equal scores has std exactly 0 (a float32 mean
+    of equal values can miss them by a rounding, which include_zero False would count).
     """
     scores = jnp.asarray(scores, jnp.float32)
     if scores.ndim != 2:
         raise ValueError(f"scores must be [P, N]; got shape {scores.shape}")
     if scores.shape[1] == 1:
         return jnp.zeros(scores.shape[:1], jnp.float32)
-    return jnp.std(scores, axis=1, ddof=1)
+    return jnp.std(scores - scores[:, :1], axis=1, ddof=1)
 
 
 class GroupSelection(NamedTuple):
     """Which groups the filter kept, and the uncertainty it ranked them by."""
 
-    indices: jax.Array  # [K] int32 kept group indices, ascending
+    indices: jax.Array  # [Kmax] int32 candidate group indices, ascending
+    kept: jax.Array  # [Kmax] bool: indices[i] is really kept (variable-count strategies)
     group_std: jax.Array  # [P] float32 std of every group's scores
 
 
-def select_groups(scores: jax.Array, keep_ratio: float = 0.25, mode: str = "std") -> GroupSelection:
-    """Picks the K = max(1, int(keep_ratio * P)) groups to train on.
+def _kept_count(ranked: jax.Array, candidates: jax.Array, config: FilterConfig,
+                num_groups: int) -> jax.Array:
+    """How many of the ranking to keep. ranked: [P] stds in rank order, non-candidates last;
+    candidates: [P] bool in the same order. Returns an int32 scalar in [0, #candidates]."""
+    n = candidates.sum().astype(jnp.int32)
+    largest = config.mode == "std"
+    if config.strategy == "top_k":
+        return jnp.minimum(num_kept_groups(num_groups, config.keep_ratio), n)
+    if config.strategy == "top_k_abs":
+        return jnp.minimum(config.keep_groups, n)
+    if config.strategy == "min_p":
+        if largest:
+            threshold = jnp.max(jnp.where(candidates, ranked, -jnp.inf)) * config.min_p
+            keep = ranked >= threshold - _ZERO
+        else:
+            threshold = jnp.min(jnp.where(candidates, ranked, jnp.inf)) / (config.min_p + _ZERO)
+            keep = ranked <= threshold + _ZERO
+        return (keep & candidates).sum().astype(jnp.int32)
+    if config.top_p >= 1.0:
+        return n
+    if config.top_p_weights == "softmax":
+        logits = jnp.where(candidates, ranked if largest else -ranked, -jnp.inf)
+        z = jnp.exp(logits - jnp.max(logits))
+        probs = jnp.where(candidates, z, 0.0) / jnp.maximum(jnp.sum(jnp.where(candidates, z, 0.0)),
+                                                              jnp.finfo(jnp.float32).tiny)
+        # The first rank whose cumulative mass reaches top_p is the last one kept.
+        reached = (jnp.cumsum(probs) < config.top_p).sum().astype(jnp.int32) + 1
+        return jnp.minimum(reached, n)
+    # Linear: add stds in rank order until the running sum reaches the threshold, stopping at a
+    # std <= 0 or at the end of the candidates; keep them only if it was reached.
+    values = jnp.where(candidates, ranked, 0.0)
+    threshold = config.top_p * values.sum() - config.top_p_eps
+    before = jnp.concatenate([jnp.zeros(1, jnp.float32), jnp.cumsum(values)])  # [P + 1]
+    stop = (before[:-1] >= threshold) | (values <= 0) | ~candidates
+    count = jnp.argmax(jnp.concatenate([stop, jnp.ones(1, bool)])).astype(jnp.int32)
+    return jnp.where(before[count] >= threshold, count, 0)
+
+
+def select_groups(scores: jax.Array, config: FilterConfig) -> GroupSelection:
+    """Picks the groups to train on (strategies: the module docstring).
 
     scores: [P, N] trajectory scores without the format penalty.
-    keep_ratio: Python float in (0, 1]; 1.0 keeps every group (the filter is off).
-    mode: "std" keeps the K largest in-group stds, "std_rev" the K smallest.
-    Ties are broken stably: of equal stds the lower group index is kept. The kept indices are
-    returned ascending, so the filtered batch keeps the original group order.
-    Returns GroupSelection(indices [K] int32, group_std [P] float32).
+    config: a FilterConfig (static: strategy, its parameters, include_zero, mode, max_groups).
+    Returns GroupSelection(indices [Kmax] int32 ascending, kept [Kmax] bool, group_std [P]
+    float32), Kmax = kept_bound(P, config): the kept groups are indices[kept]; with max_groups
+    below the strategy's count, the highest-ranked max_groups of them.
     """
-    if mode not in FILTER_MODES:
-        raise ValueError(f"unknown filter mode {mode!r}; valid: {', '.join(FILTER_MODES)}")
     stds = group_std(scores)
-    k = num_kept_groups(stds.shape[0], keep_ratio)
-    ranking = jnp.argsort(-stds if mode == "std" else stds, stable=True)
-    return GroupSelection(jnp.sort(ranking[:k]).astype(jnp.int32), stds)
+    num_groups = stds.shape[0]
+    bound = kept_bound(num_groups, config)
+    candidates = jnp.ones(num_groups, bool) if config.include_zero else jnp.abs(stds) > _ZERO
+    key = -stds if config.mode == "std" else stds
+    order = jnp.argsort(jnp.where(candidates, key, jnp.inf), stable=True)
+    count = _kept_count(stds[order], candidates[order], config, num_groups)
+    top = order[:bound]
+    kept = jnp.arange(bound) < count
+    ascending = jnp.argsort(top)
+    return GroupSelection(top[ascending].astype(jnp.int32), kept[ascending], stds)
 
 
 def gather_groups(tree: Tree, indices: jax.Array) -> Tree:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 KL_KINDS = ("k1", "k3", "mse", "abs")
 
 # exp() of a log-ratio beyond +-20 overflows float32 gradients long before it means anything.
@@ -32,18 +32,28 @@ def _check_agg(agg: str) -> None:
         raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGG_MODES)}")
 
 
-def aggregate_normaliser(mask: jax.Array, agg: str = "token_mean") -> jax.Array:
+def aggregate_normaliser(mask: jax.Array, agg: str = "token_mean",
+                         budget: int | None = None) -> jax.Array:
     """What `aggregate` divides by for this mask: [B, T] -> float32 scalar.
 
-    "token_mean": the masked-token count; "seq_mean_*": the count of rows with a masked token
-    (at least 1 either way). Pass it to `aggregate` for the pieces (row subsets) of a batch to
-    make their results add up to the whole batch's (gradient accumulation).
+    "token_mean": the masked-token count; "seq_mean_token_mean" / "seq_mean_token_sum": the
+    count of rows with a masked token (at least 1 either way); "seq_mean_token_sum_norm": that
+    row count times `budget`, a constant token count (default T, the mask's width, as verl's
+    default; the train step passes the reply-token budget of a row, max_turns x reply_tokens).
+    Pass it to `aggregate` for the pieces (row subsets) of a batch to make their results add up
+    to the whole batch's (gradient accumulation).
     """
     _check_agg(agg)
     count = (jnp.asarray(mask) != 0).sum(axis=-1).astype(jnp.float32)  # [B]
     if agg == "token_mean":
         return jnp.maximum(count.sum(), 1.0)
-    return jnp.maximum((count > 0).astype(jnp.float32).sum(), 1.0)
+    rows = jnp.maximum((count > 0).astype(jnp.float32).sum(), 1.0)
+    if agg == "seq_mean_token_sum_norm":
+        budget = jnp.shape(mask)[-1] if budget is None else budget
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+            raise ValueError(f"budget must be an int >= 1; got {budget!r}")
+        return rows * float(budget)
+    return rows
 
 
 def aggregate(x: jax.Array, mask: jax.Array, agg: str = "token_mean",
@@ -55,7 +65,10 @@ def aggregate(x: jax.Array, mask: jax.Array, agg: str = "token_mean",
       mask: [B, T] bool/int/float, nonzero on the tokens that count.
       agg: "token_mean": sum over all masked tokens / their count (DAPO's token-level loss);
         "seq_mean_token_mean": mean over the masked tokens of each row, then mean over rows;
-        "seq_mean_token_sum": sum over the masked tokens of each row, then mean over rows.
+        "seq_mean_token_sum": sum over the masked tokens of each row, then mean over rows;
+        "seq_mean_token_sum_norm": sum over the masked tokens of each row divided by a
+        constant token budget, then mean over rows (Dr.GRPO's normaliser; verl's mode of that
+        name, whose divisor is the response width: see `aggregate_normaliser`).
       normaliser: float32 scalar, the divisor of the final mean; default
         `aggregate_normaliser(mask, agg)`. Given the whole batch's, the results of row subsets
         sum to the whole batch's result.

@@ -95,6 +95,16 @@ def _graphdef(model: Decoder, *, value_head: bool, remat: bool) -> nnx.GraphDef:
     return nnx.graphdef(abstract)
 
 
+def apply_if(flag: jax.Array, tx: optax.GradientTransformation, grads: Any,
+             opt_state: optax.OptState, params: Any) -> tuple[Any, optax.OptState]:
+    """(params, opt_state) after one step of tx, or both unchanged where flag ([] bool) is
+    False: a mini-batch without a kept token makes no step, as in the original, which never
+    forms it (AdamW's momentum and weight decay move the weights even at a zero gradient)."""
+    updates, new_opt = tx.update(grads, opt_state, params)
+    new = (optax.apply_updates(params, updates), new_opt)
+    return jax.tree.map(lambda n, o: jnp.where(flag, n, o), new, (params, opt_state))
+
+
 def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> TrainState:
     """A fresh TrainState: actor = `model`'s weights; for PPO a critic with the same trunk and a
     new value head (initialised from `key`); a frozen copy as reference when kl_coef > 0."""
@@ -158,20 +168,27 @@ def logprob_diff(behaviour: jax.Array, logp: jax.Array, mask: jax.Array) -> Metr
             "rollout/logprob_diff_max": jnp.max(jnp.where(mask, diff, 0.0))}
 
 
-def rollout_metrics(out: Rollout, batch: Batch, agg: str = "token_mean") -> Metrics:
+def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
     """Statistics of the whole rollout and of its kept rows (the original's names)."""
     kept, selection = batch.rollout, batch.selection
-    reward, kept_reward = out.scores_without_penalty, kept.scores_without_penalty
+    reward = out.scores_without_penalty
+    # The groups really kept (a variable-count strategy keeps fewer than the static bound).
+    really = jnp.repeat(selection.kept, kept.lengths.shape[0] // selection.kept.shape[0])
+    kept_reward_mean = _mean(kept.scores_without_penalty, really)
+    kept_reward_std = jnp.sqrt(_mean(jnp.square(kept.scores_without_penalty - kept_reward_mean),
+                                     really))
     turns = out.turn_taken.sum(-1)
     steps = out.num_actions
     return {
         "train/success": out.success.mean(),
         "rollout/reward_mean": reward.mean(), "rollout/reward_std": reward.std(),
-        "rollout/kept_reward_mean": kept_reward.mean(), "rollout/kept_reward_std": kept_reward.std(),
+        "rollout/kept_reward_mean": kept_reward_mean, "rollout/kept_reward_std": kept_reward_std,
+        "rollout/kept_groups": selection.kept.sum(),
         "rollout/score_mean": out.scores.mean(),
         "rollout/in_group_std_mean": selection.group_std.mean(),
         "rollout/in_group_std_max": selection.group_std.max(),
-        "rollout/chosen_in_group_std": selection.group_std[selection.indices].mean(),
+        "rollout/chosen_in_group_std": _mean(selection.group_std[selection.indices],
+                                             selection.kept),
         "rollout/response_length": _mean(out.reply_lengths, out.turn_taken),
         "rollout/sequence_length": out.lengths.mean(),  # buffer tokens: prompts, env text, replies
         "rollout/think_length": _mean(out.think_tokens, out.turn_taken),
@@ -182,7 +199,7 @@ def rollout_metrics(out: Rollout, batch: Batch, agg: str = "token_mean") -> Metr
         "rollout/format_penalty_rate": _mean(out.format_penalties < 0, out.turn_taken),
         # The sampler's entropy over every rolled-out row (the collapse monitor's signal; the
         # kept rows alone are the highest-std groups and would bias it upward).
-        "actor/entropy": aggregate(out.behaviour_entropy, out.loss_mask, agg),
+        "actor/entropy": aggregate(out.behaviour_entropy, out.loss_mask),
     }
 
 
@@ -233,7 +250,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         ent = aggregate(entropy, mask, agg, normaliser)
         aux = {"actor/pg_loss": loss, "actor/pg_clipfrac": stats.clipfrac_upper,
                "actor/pg_clipfrac_lower": stats.clipfrac_lower, "actor/ppo_kl": stats.approx_kl,
-               "actor/entropy_kept": ent}
+               "actor/entropy_kept": aggregate(entropy, mask)}  # token mean, as actor/entropy
         total = loss - cfg.loss.entropy_coef * ent
         if cfg.loss.kl_coef > 0:
             kl = aggregate(kl_penalty(logp, mb["ref_logp"], cfg.loss.kl_kind), mask, agg,
@@ -262,23 +279,24 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     def minibatch_update(state: TrainState, mb) -> tuple[TrainState, Metrics]:
         # Every micro-batch divides by the whole minibatch's count; the metrics are computed
         # once, from the whole minibatch's per-token outputs.
-        normaliser = aggregate_normaliser(mb["rollout"].loss_mask, cfg.loss.agg)
+        normaliser = aggregate_normaliser(mb["rollout"].loss_mask, cfg.loss.agg, slots)
+        used = mb["rollout"].loss_mask.any()
         grads, (logp, entropy) = accumulated_grad(
             lambda p, b: actor_loss(p, b, normaliser), state.actor, mb, opt.micro_batches)
         _, aux = actor_objective(logp, entropy, mb, normaliser)
         if "old_logp" not in mb:  # the one update: these log-probs are the pre-update ones
             aux.update(logprob_diff(mb["rollout"].behaviour_logp, logp, mb["rollout"].loss_mask))
         aux["actor/grad_norm"] = optax.tree.norm(grads)
-        updates, actor_opt = actor_tx.update(grads, state.actor_opt, state.actor)
-        state = state.replace(actor=optax.apply_updates(state.actor, updates), actor_opt=actor_opt)
+        actor, actor_opt = apply_if(used, actor_tx, grads, state.actor_opt, state.actor)
+        state = state.replace(actor=actor, actor_opt=actor_opt)
+        aux["used"] = used
         if ppo:
             grads, values = accumulated_grad(
                 lambda p, b: critic_loss(p, b, normaliser), state.critic, mb, opt.micro_batches)
             _, critic_aux = critic_objective(values, mb, normaliser)
             aux.update(critic_aux, **{"critic/grad_norm": optax.tree.norm(grads)})
-            updates, critic_opt = critic_tx.update(grads, state.critic_opt, state.critic)
-            state = state.replace(critic=optax.apply_updates(state.critic, updates),
-                                  critic_opt=critic_opt)
+            critic, critic_opt = apply_if(used, critic_tx, grads, state.critic_opt, state.critic)
+            state = state.replace(critic=critic, critic_opt=critic_opt)
         return state, aux
 
     def rollout(state: TrainState, key: jax.Array) -> Rollout:
@@ -289,9 +307,11 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     def prepare(state: TrainState, out: Rollout, ref_logp: jax.Array | None = None) -> Batch:
         """Filter, then (with the current weights) reference / old log-probs, values and
         advantages of the kept rows. ref_logp: the reference log-probs of an earlier round."""
-        selection = select_groups(out.scores_without_penalty.reshape(-1, group),
-                                  config.filter.keep_ratio, config.filter.mode)
-        kept = constrain(gather_group_rows(out, selection.indices, group))
+        selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter)
+        kept = gather_group_rows(out, selection.indices, group)
+        # Groups not really kept stay in the static batch but out of every loss and statistic.
+        kept = constrain(kept.replace(
+            loss_mask=kept.loss_mask & jnp.repeat(selection.kept, group)[:, None]))
         if cfg.loss.kl_coef > 0 and ref_logp is None:
             ref_logp = mark(phase_clock, "reference_logprobs",
                             forward_logprobs(state.reference, kept))
@@ -316,12 +336,16 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
 
         def epoch(state, epoch_key):
             order = jax.random.permutation(epoch_key, rows)
+            # Rows of kept groups first: the mini-batches left without one make no update, so
+            # as many updates are made as the original's mini-batches of the kept rows.
+            order = order[jnp.argsort(~batch.rollout.loss_mask[order].any(1), stable=True)]
             split = lambda x: constrain(x[order].reshape(minibatches, -1, *x.shape[1:]))  # noqa: E731
             return jax.lax.scan(minibatch_update, state, jax.tree.map(split, data))
 
         state, aux = jax.lax.scan(epoch, state, jax.random.split(key, opt.ppo_epochs))
         state = mark(phase_clock, "update", state)
-        aux = jax.tree.map(jnp.mean, aux)
+        used = aux.pop("used").astype(jnp.float32)  # means over the mini-batches that updated
+        aux = jax.tree.map(lambda v: jnp.sum(v * used) / jnp.maximum(used.sum(), 1.0), aux)
         if batch.old_logp is not None:
             aux.update(logprob_diff(batch.rollout.behaviour_logp, batch.old_logp,
                                     batch.rollout.loss_mask))
@@ -339,7 +363,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
 
             state, more = jax.lax.scan(again, state, keys[1:])
             aux = {k: (v + more[k].sum()) / opt.rollout_reuse for k, v in aux.items()}
-        metrics = rollout_metrics(out, batch, cfg.loss.agg)
+        metrics = rollout_metrics(out, batch)
         metrics.update(aux)
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics

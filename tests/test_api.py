@@ -64,11 +64,26 @@ def _with(path: str, value):
     ("eval_every", -1, "config.eval_every = -1 is invalid; valid: an int >= 0"),
     ("progress_after", -5, "config.progress_after = -5 is invalid; valid: an int >= 0"),
     ("loss.clip_low", "big", "bad config value"),
+    ("filter.strategy", "top_q", "filter.strategy = 'top_q' is invalid; valid: one of ('top_k',"),
+    ("filter.max_groups", 0, "filter.max_groups = 0 is invalid; valid: an int >= 1"),
+    ("loss.agg", "sum", "loss.agg = 'sum' is invalid; valid: one of ('token_mean', "),
 ])
 def test_bad_config_is_rejected_naming_the_key(path, value, expected):
     with pytest.raises(ValueError) as error:
         api.train_config(_with(path, value))
     assert expected in str(error.value)
+
+
+def test_filter_and_aggregation_options_reach_the_train_config():
+    config = tiny_config()
+    config.filter.update(strategy="top_p", top_p=0.8, top_p_weights="softmax",
+                         include_zero=False, max_groups=1)
+    config.loss.agg = "seq_mean_token_sum_norm"
+    train = api.train_config(config)
+    assert train.filter == api.FilterConfig(strategy="top_p", top_p=0.8, top_p_weights="softmax",
+                                            include_zero=False, max_groups=1)
+    assert train.kept_groups == 1 and train.loss.agg == "seq_mean_token_sum_norm"
+    assert api.train_config(_with("filter.max_groups", None)).filter.max_groups is None
 
 
 @pytest.mark.parametrize("vanilla, nothink, keep, kl, clip, mode", [

@@ -31,12 +31,15 @@ def make_mask(seed: int, shape=(4, 12)) -> np.ndarray:
     return mask
 
 
-def aggregate_reference(x, mask, agg):
+def aggregate_reference(x, mask, agg, budget=None):
+    """budget: seq_mean_token_sum_norm's constant (default: the mask's width, verl's)."""
     rows = [(x[b][mask[b] != 0]) for b in range(x.shape[0])]
     if agg == "token_mean":
         tokens = np.concatenate(rows)
         return tokens.mean() if tokens.size else 0.0
     per_row = [r.mean() if agg == "seq_mean_token_mean" else r.sum() for r in rows if r.size]
+    if agg == "seq_mean_token_sum_norm":
+        per_row = [r / (budget or x.shape[1]) for r in per_row]
     return np.mean(per_row) if per_row else 0.0
 
 
@@ -49,6 +52,8 @@ def token_weights(mask, agg):
         return mask / mask.sum()
     if agg == "seq_mean_token_mean":
         return mask / np.maximum(count, 1) / rows
+    if agg == "seq_mean_token_sum_norm":
+        return mask / rows / mask.shape[1]
     return mask / rows
 
 
@@ -72,6 +77,28 @@ def test_row_slices_with_the_whole_normaliser_sum_to_the_whole(agg):
     whole = aggregate_normaliser(mask, agg)
     pieces = [aggregate(x[i:i + 2], mask[i:i + 2], agg, whole) for i in range(0, 8, 2)]
     np.testing.assert_allclose(sum(pieces), aggregate_reference(x, mask, agg), rtol=1e-5)
+
+
+def test_token_sum_norm_divides_row_sums_by_the_budget_and_the_row_count():
+    """Dr.GRPO's aggregate: sum_rows sum_tokens x / (budget * rows with a token); with the
+    whole batch's normaliser its row slices add up to it (gradient accumulation)."""
+    mask = make_mask(5, (8, 12))
+    mask[6] = 0
+    x = np.random.default_rng(6).normal(size=mask.shape).astype(np.float32)
+    budget = 40  # e.g. max_turns 5 x reply_tokens 8, more than the 12 columns here
+    whole = aggregate_normaliser(mask, "seq_mean_token_sum_norm", budget)
+    rows = int((mask.sum(1) > 0).sum())
+    assert float(whole) == budget * rows
+    want = np.where(mask != 0, x.astype(np.float64), 0).sum() / (budget * rows)
+    got = aggregate(x, mask, "seq_mean_token_sum_norm", whole)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(aggregate_reference(x, mask, "seq_mean_token_sum_norm", 40), want,
+                               rtol=1e-5)
+    pieces = [aggregate(x[i:i + 2], mask[i:i + 2], "seq_mean_token_sum_norm", whole)
+              for i in range(0, 8, 2)]
+    np.testing.assert_allclose(sum(pieces), want, rtol=1e-5)
+    with pytest.raises(ValueError, match="budget must be an int >= 1; got 0"):
+        aggregate_normaliser(mask, "seq_mean_token_sum_norm", 0)
 
 
 def test_aggregate_rejects_unknown_mode():
