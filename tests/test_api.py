@@ -62,7 +62,7 @@ def _with(path: str, value):
     ("steps", 0, "config.steps = 0 is invalid; valid: an int >= 1"),
     ("eval_every", -1, "config.eval_every = -1 is invalid; valid: an int >= 0"),
     ("progress_after", -5, "config.progress_after = -5 is invalid; valid: an int >= 0"),
-    ("loss.clip_low", "big", "bad config value"),
+    ("loss.clip_low", "big", "config.loss.clip_low = 'big' is invalid; valid: a number"),
 ])
 def test_bad_config_is_rejected_naming_the_key(path, value, expected):
     with pytest.raises(ValueError) as error:
