@@ -38,7 +38,11 @@ def run_config(workdir: Path, overrides: Mapping[str, Any]) -> dict[str, Any]:
     foreign = sorted(k for k in overrides if not k.startswith("eval."))
     if foreign:
         raise ValueError(f"only eval.* keys may be overridden when evaluating a run; got {foreign}")
-    config = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); it is the config.json that "
+                         "experiments/run.py writes in its workdir") from None
     section = config.setdefault("eval", {})
     section.update({key.split(".", 1)[1]: value for key, value in overrides.items()})
     api.train_config(config)
@@ -50,8 +54,18 @@ def evaluate_workdir(workdir: Path, step: int | None = None,
     """Evaluates checkpoint `step` (default: the newest) of the run in `workdir`, prints the
     table and writes eval_step_<N>.json and samples/eval_step_<N>.txt. Returns (step, metrics)."""
     config = run_config(workdir, overrides or {})
-    if not (workdir / "checkpoints").is_dir():
-        raise FileNotFoundError(f"{workdir / 'checkpoints'} does not exist: no checkpoint saved")
+    directory = workdir / "checkpoints"
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} does not exist: no checkpoint saved")
+    checkpoints = Checkpoints(directory, 0, 1)  # only listed: nothing is saved here
+    try:  # before the model loads: a missing step is known from the directory alone
+        if checkpoints.latest_step is None:
+            raise FileNotFoundError(f"{directory} holds no checkpoint")
+        if step is not None and step not in checkpoints.steps:
+            raise ValueError(f"--step {step}: no checkpoint of that step in {directory}; valid: "
+                             f"{checkpoints.steps}")
+    finally:
+        checkpoints.close()
     return evaluate_experiment(api.build(config), workdir, step)
 
 
@@ -83,7 +97,7 @@ def evaluate_experiment(exp: api.Experiment, workdir: Path, step: int | None = N
 def _main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if flags.FLAGS.workdir is None:
+    if not flags.FLAGS.workdir:
         raise app.UsageError("--workdir is required")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)

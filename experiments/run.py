@@ -197,8 +197,10 @@ def evaluate(evaluator: Evaluator, exp: api.Experiment, workdir: Path) -> dict[s
 def _main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _WORKDIR.value is None:
+    if not _WORKDIR.value:
         raise app.UsageError("--workdir is required")
+    if _CONFIG.value is None:
+        raise app.UsageError("--config is required (a config file, e.g. bandit_grpo.py)")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax's INFO lines would bury the progress
     process, processes = jax.process_index(), jax.process_count()
@@ -217,7 +219,8 @@ def _main(argv: list[str]) -> None:
 
 
 def main() -> None:
-    cli.run_app(_main, resolve_config_arg(sys.argv), errors=(ValueError, MemoryError))
+    cli.run_app(_main, resolve_config_arg(sys.argv),
+                errors=(ValueError, FileNotFoundError, MemoryError), config_dir=CONFIG_DIR)
 
 
 if __name__ == "__main__":

@@ -309,8 +309,10 @@ def main() -> None:
     def _main(argv: list[str]) -> None:
         if len(argv) > 1:
             raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-        if workdir.value is None:
+        if not workdir.value:
             raise app.UsageError("--workdir is required")
+        if config.value is None:
+            raise app.UsageError("--config is required (a config file, e.g. bandit_grpo.py)")
         if final.value < 1:
             raise app.UsageError(f"--final_steps={final.value}: must be >= 1")
         if not flags.FLAGS["verbosity"].present:
@@ -318,7 +320,8 @@ def main() -> None:
         sweep(config.value, grid.value, lib.parse_seeds(seeds.value), Path(workdir.value),
               vmap=vmap.value, final_steps=final.value)
 
-    cli.run_app(_main, resolve_config_arg(sys.argv))  # a grid or config mistake: one line
+    # A grid, config or model mistake: one line.
+    cli.run_app(_main, resolve_config_arg(sys.argv), config_dir=CONFIG_DIR)
 
 
 if __name__ == "__main__":

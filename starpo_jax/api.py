@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -29,6 +30,7 @@ from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimC
 from starpo_jax.evaluation import MODES, EvalConfig, Evaluator, default_eval_envs
 from starpo_jax.memory import MemoryPlan, step_plan
 from starpo_jax.models import load_pretrained
+from starpo_jax.models.loading import EMBEDDED_NAME, TINY_RANDOM_NAME
 from starpo_jax.monitor import MonitorConfig
 from starpo_jax.phases import StepProgress
 from starpo_jax.sharding import make_mesh, shard_state
@@ -159,8 +161,26 @@ def _merged(config: Any) -> ConfigDict:
     try:
         full.update(values)
     except TypeError as error:  # ConfigDict's own type check, e.g. a str for an int
-        raise ValueError(f"bad config value: {error}") from error
+        raise ValueError(_wrong_type(values, default_config()) or str(error)) from None
     return full
+
+
+def _wrong_type(values: Any, section: ConfigDict, prefix: str = "") -> str | None:
+    """The message for the first value in `values` that `section` refuses for its type."""
+    for key, value in values.items():
+        if isinstance(section[key], ConfigDict):
+            found = _wrong_type(value, section[key], f"{prefix}{key}.")
+            if found:
+                return found
+            continue
+        try:
+            section[key] = value
+        except TypeError:
+            kind = section.get_type(key).__name__
+            valid = {"int": "an int", "float": "a number", "bool": "True or False",
+                     "str": "a string"}.get(kind, f"a {kind}")
+            return f"config.{prefix}{key} = {value!r} is invalid; valid: {valid}"
+    return None
 
 
 def _require(name: str, value: Any, ok: bool, valid: str) -> None:
@@ -170,6 +190,15 @@ def _require(name: str, value: Any, ok: bool, valid: str) -> None:
 
 def _is_int(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _model_source_exists(source: Any) -> bool:
+    """A known model name, an existing .gguf file or directory (what load_pretrained reads)."""
+    if not isinstance(source, str) or not source:
+        return False
+    path = Path(source).expanduser()
+    return (source in (EMBEDDED_NAME, TINY_RANDOM_NAME) or path.is_dir()
+            or (source.endswith(".gguf") and path.is_file()))
 
 
 def train_config(config: ConfigDict) -> TrainConfig:
@@ -187,9 +216,9 @@ def train_config(config: ConfigDict) -> TrainConfig:
         _require(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
     for name in ("vanilla", "nothink", "check_memory"):
         _require(name, full[name], isinstance(full[name], bool), "True or False")
-    _require("model.source", full.model.source, isinstance(full.model.source, str) and
-             bool(full.model.source), "'smollm2-135m-instruct', 'tiny-random', a .gguf path or a "
-             "Hugging Face model directory")
+    _require("model.source", full.model.source, _model_source_exists(full.model.source),
+             f"{EMBEDDED_NAME!r}, {TINY_RANDOM_NAME!r}, the path of a .gguf file or of a Hugging "
+             "Face model directory")
     _require("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
     _require("env.name", full.env.name, full.env.name in envs_jax.names(),
              f"one of {envs_jax.names()}")

@@ -63,7 +63,7 @@ def _with(path: str, value):
     ("steps", 0, "config.steps = 0 is invalid; valid: an int >= 1"),
     ("eval_every", -1, "config.eval_every = -1 is invalid; valid: an int >= 0"),
     ("progress_after", -5, "config.progress_after = -5 is invalid; valid: an int >= 0"),
-    ("loss.clip_low", "big", "bad config value"),
+    ("loss.clip_low", "big", "config.loss.clip_low = 'big' is invalid; valid: a number"),
     ("filter.strategy", "top_q", "filter.strategy = 'top_q' is invalid; valid: one of ('top_k',"),
     ("filter.max_groups", 0, "filter.max_groups = 0 is invalid; valid: an int >= 1"),
     ("loss.agg", "sum", "loss.agg = 'sum' is invalid; valid: one of ('token_mean', "),

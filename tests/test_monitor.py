@@ -193,7 +193,7 @@ def test_config_errors_name_the_key(key, value, message):
 @pytest.mark.parametrize("section, message", [
     ({"drop": 1.5}, "monitor.drop = 1.5 is invalid; valid: a number in (0.0, 1.0)"),
     ({"action": "halt"}, "monitor.action = 'halt' is invalid"),
-    ({"enabled": "yes"}, "bad config value"),  # ConfigDict's own type check
+    ({"enabled": "yes"}, "config.monitor.enabled = 'yes' is invalid; valid: True or False"),
     ({"dorp": 0.5}, "unknown config key 'monitor.dorp' (did you mean 'monitor.drop'?)"),
 ])
 def test_train_config_checks_the_monitor_section(section, message):

@@ -33,10 +33,16 @@ def load_pretrained(
         from starpo_jax.models.params import load_hf_directory, model_from_hf_tensors
 
         config, tensors = load_hf_directory(path, dtype=dtype, param_dtype=dtype)
-        return (
-            model_from_hf_tensors(config, tensors, value_head=value_head),
-            AutoTokenizer.from_pretrained(str(path)),
-        )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+        except (OSError, ValueError, TypeError) as error:
+            raise FileNotFoundError(
+                f"{str(path)!r} has no tokenizer that transformers can load "
+                f"({type(error).__name__}); valid: a model directory with tokenizer.json (or its "
+                "model type's tokenizer files) and tokenizer_config.json, as save_pretrained "
+                "writes them"
+            ) from None
+        return model_from_hf_tensors(config, tensors, value_head=value_head), tokenizer
     if str(source).endswith(".gguf"):
         if not path.is_file():
             raise FileNotFoundError(f"no GGUF file at {str(source)!r}")

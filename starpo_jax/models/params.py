@@ -237,7 +237,21 @@ def load_hf_directory(
             f"{str(root)!r} has no config.json (found: "
             f"{', '.join(sorted(p.name for p in root.iterdir())) or 'nothing'})"
         )
-    config = ModelConfig.from_hf_config(json.loads(config_path.read_text()), **config_overrides)
+    try:
+        hf_config = json.loads(config_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{config_path}: not valid JSON ({error})") from None
+    if not isinstance(hf_config, dict):
+        raise ValueError(f"{config_path}: not a JSON object")
+    try:
+        config = ModelConfig.from_hf_config(hf_config, **config_overrides)
+    except KeyError as error:
+        raise ValueError(
+            f"{config_path}: no {error.args[0]!r}; a Qwen2 / Llama config.json gives vocab_size, "
+            "hidden_size, intermediate_size, num_hidden_layers and num_attention_heads"
+        ) from None
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{config_path}: {error}") from None
 
     index_path = root / "model.safetensors.index.json"
     if index_path.is_file():

@@ -223,7 +223,7 @@ def build_codec(
     )
     encode = lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     parser = build_parser(
-        _token_bytes(tokenizer),
+        _without_special_tokens(_token_bytes(tokenizer), tokenizer),
         env.action_names,
         think=template.think,
         separator=template.action_sep,
@@ -253,6 +253,17 @@ def _token_bytes(tokenizer: Any) -> TokenBytes:
         table = token_byte_table(tokenizer)
         _TOKEN_BYTES[tokenizer] = (len(tokenizer), table)
     return table
+
+
+def _without_special_tokens(table: TokenBytes, tokenizer: Any) -> TokenBytes:
+    """`table` with the special tokens (`<|im_start|>`, `<|endoftext|>`, ...) reading as no text:
+    the original decodes replies with skip_special_tokens=True before parsing them, and vLLM
+    matches stop strings on that same text."""
+    special = [i for i, t in tokenizer.added_tokens_decoder.items() if t.special]
+    special = [i for i in {*special, *tokenizer.all_special_ids} if 0 <= i < table.vocab_size]
+    data, lengths = table.bytes.copy(), table.lengths.copy()
+    data[special], lengths[special] = 0, 0
+    return TokenBytes(data, lengths)
 
 
 def _over_leading(fn, extra: int, *args):

@@ -1,17 +1,24 @@
 """Actions from the model's reply, inside jit, on characters (so tokenisation does not matter).
 
-Rules (the original's, on the UTF-8 bytes of the reply; the reply includes the forced prefix):
+Rules (the original's code, RAGEN's ContextManager._parse_response and
+EnvStateManager._extract_map_valid_actions, applied to the UTF-8 bytes of the reply; the reply
+includes the forced prefix):
 - think mode: the first match of `<think>(.*?)</think>\\s*<answer>(.*?)</answer>` (DOTALL,
   leftmost, lazy); nothink mode: `<answer>(.*?)</answer>`. Text around the match is ignored.
+- The tags <think>, </think>, <answer>, </answer>, <|im_start|>, <|im_end|> are removed from the
+  answer, one after another, as the original does before splitting it.
 - The answer is split on the action separator (leftmost, non-overlapping, as str.split), each
   item trimmed of whitespace; empty items are skipped; the first `max_actions` items are kept.
-- Each kept item is compared with the action names, ASCII case-insensitively; unknown ones are
-  dropped. format_ok = a match, at least one kept item, and every kept item known.
-- Whitespace is ASCII whitespace (space, \\t, \\n, \\r, \\v, \\f) both in `\\s` and in trimming.
+- Each kept item is compared with the action names (ASCII), case-insensitively as str.lower()
+  (the Kelvin sign U+212A reads as "k"); unknown ones are dropped. format_ok = a match, at
+  least one kept item, and every kept item known.
+- Whitespace, in `\\s` and in trimming, is what str.isspace() calls whitespace (ASCII
+  whitespace, \\x1c-\\x1f, U+0085, U+00A0, U+2000-U+200A, U+3000, ...) in the decoded text;
+  invalid UTF-8 is never whitespace (it decodes to U+FFFD).
 - think_tokens: reply tokens overlapping the think content (0 without a match or in nothink).
 - The whole reply is read: the byte window is its token width x the longest token's bytes,
   unless `max_bytes` caps it (then only the first `max_bytes` bytes are read).
-`reference_parse` is the same rules with Python's `re`, for tests and logs.
+`reference_parse` is the original's code on the decoded text, for tests and logs.
 """
 
 from __future__ import annotations
@@ -28,8 +35,13 @@ import numpy as np
 from starpo_jax.sampling import advance_stop_tail
 from starpo_jax.text.token_bytes import TokenBytes
 
-WHITESPACE = b" \t\n\r\x0b\x0c"
-_WS = "[" + re.escape(WHITESPACE.decode()) + "]*"
+# What Python's `\s` and str.strip() treat as whitespace (str.isspace; none above U+3000), as
+# UTF-8: the original parses decoded text, so U+00A0 or U+3000 around an action is trimmed too.
+SPACES = tuple(c.encode() for c in map(chr, range(0x3001)) if c.isspace())
+# The original removes these from the answer before splitting it (ctx_manager.special_token_list).
+REMOVED_TAGS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
+# U+212A KELVIN SIGN is the one non-ASCII char whose str.lower() is ASCII ("k").
+_KELVIN = "\u212a".encode()
 
 
 class ParsedReply(NamedTuple):
@@ -64,13 +76,21 @@ def build_parser(
     max_actions: int = 5,
     max_bytes: int | None = None,
 ) -> ReplyParser:
-    """Host: a ReplyParser. Raises ValueError for a separator that overlaps itself irregularly."""
+    """Host: a ReplyParser. Raises ValueError for a separator that overlaps itself irregularly,
+    and for action names that are not ASCII or not distinct ignoring case."""
     sep = separator.encode("utf-8")
     borders = [k for k in range(1, len(sep)) if sep[:k] == sep[-k:]]
     if borders and len(set(sep)) != 1:
         raise ValueError(
             f"action separator {separator!r} overlaps itself; use one without a repeated "
             "border (e.g. '||', '|', ';')"
+        )
+    if not all(n.isascii() and n for n in action_names) or len(
+        {n.lower() for n in action_names}
+    ) != len(action_names):
+        raise ValueError(
+            f"action names {tuple(action_names)} must be non-empty, ASCII and distinct ignoring "
+            "case (the parser lower-cases ASCII only)"
         )
     encoded = [n.lower().encode("utf-8") for n in action_names]
     width = max(len(e) for e in encoded)
@@ -122,12 +142,62 @@ def _reply_chars(p: ReplyParser, ids: jax.Array, length: jax.Array):
     return chars, ends, lens
 
 
+def _covered(hit: jax.Array, size: int) -> jax.Array:
+    """[N] bool: inside a `size`-byte match starting at a True of `hit`."""
+    out = hit
+    for k in range(1, size):
+        out = out | jnp.concatenate([jnp.zeros((k,), bool), hit[:-k]])
+    return out
+
+
+def _spaces(chars: jax.Array) -> jax.Array:
+    """[N] bool: the byte belongs to a whitespace char (SPACES). A lead byte is never a
+    continuation byte, so each hit is a char of the decoded text, valid UTF-8 or not."""
+    n = chars.shape[0]
+    padded = jnp.concatenate([chars, jnp.full((2,), -1, chars.dtype)])
+    out = jnp.zeros((n,), bool)
+    for size in (1, 2, 3):  # the byte lengths in SPACES; each compared as one big-endian int
+        code, whole = jnp.zeros((n,), jnp.int32), jnp.ones((n,), bool)
+        for k in range(size):
+            code, whole = code * 256 + padded[k : k + n], whole & (padded[k : k + n] >= 0)
+        chars_of_size = [int.from_bytes(c, "big") for c in SPACES if len(c) == size]
+        out = out | _covered(whole & jnp.isin(code, jnp.array(chars_of_size)), size)
+    return out
+
+
+def _compact(chars: jax.Array, marks: tuple[jax.Array, ...], drop: jax.Array):
+    """Removes the `drop` bytes (and their bool `marks`), closing the gaps; -1 after the rest."""
+    keep = ~drop & (chars >= 0)
+    to = jnp.where(keep, jnp.cumsum(keep) - 1, chars.shape[0])
+    return (jnp.full_like(chars, -1).at[to].set(chars, mode="drop"),
+            tuple(jnp.zeros_like(m).at[to].set(m, mode="drop") for m in marks))
+
+
+def _answer_text(chars: jax.Array, space: jax.Array, begin: jax.Array, end: jax.Array):
+    """The answer's bytes [begin, end) moved to the front, after the original's clean-up:
+    REMOVED_TAGS taken out one after another (a removal may join a later tag; none of them
+    overlaps itself, so removing every hit is str.replace), then U+212A read as "k". Whitespace
+    and U+212A are found in the reply as it was: a removal does not join bytes into a char."""
+    n = chars.shape[0]
+    pos = jnp.arange(n)
+    src = jnp.clip(begin + pos, 0, n - 1)
+    inside = pos < end - begin
+    text = jnp.where(inside, chars[src], -1)
+    kelvin = _hits(text, _KELVIN)
+    marks = (inside & space[src], kelvin, _covered(kelvin, len(_KELVIN)) & ~kelvin)
+    for tag in REMOVED_TAGS:
+        text, marks = _compact(text, marks, _covered(_hits(text, tag.encode()), len(tag)))
+    space, kelvin, kelvin_tail = marks
+    text, (space,) = _compact(jnp.where(kelvin, ord("k"), text), (space,), kelvin_tail)
+    return text, space
+
+
 def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     """One reply: ids [T] int32, length [] int32 -> ParsedReply of scalars / [max_actions]."""
     chars, ends, lens = _reply_chars(p, ids, length)
     n = chars.shape[0]
     pos = jnp.arange(n)
-    space = jnp.isin(chars, jnp.array(list(WHITESPACE)))
+    space = _spaces(chars)
     # next_solid[i]: first non-whitespace position >= i (n if none); index n is allowed.
     solid = jnp.where(space, n, pos)
     next_solid = jnp.concatenate([jax.lax.cummin(solid, reverse=True), jnp.array([n])])
@@ -144,17 +214,15 @@ def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
         opened = begin < n + 8
     end = _first(_hits(chars, b"</answer>") & (pos >= begin))
     matched = opened & (end < n)
+    text, space = _answer_text(chars, space, begin, jnp.where(matched, end, begin))
 
     sep = p.separator
-    hit = _hits(chars, sep) & (pos >= begin) & (pos + len(sep) <= end)
+    hit = _hits(text, sep)
     if len(sep) > 1 and len(set(sep)) == 1:  # "||": every len(sep)-th position of a run
-        run_start = jax.lax.cummax(jnp.where(chars == sep[0], -1, pos)) + 1
-        hit = hit & ((pos - jnp.maximum(run_start, begin)) % len(sep) == 0)
-    in_sep = jnp.zeros((n,), bool)
-    for k in range(len(sep)):
-        in_sep = in_sep | jnp.concatenate([jnp.zeros((k,), bool), hit[: n - k]])
+        run_start = jax.lax.cummax(jnp.where(text == sep[0], -1, pos)) + 1
+        hit = hit & ((pos - run_start) % len(sep) == 0)
     item = jnp.cumsum(hit)  # content chars: the number of separators before them
-    content = matched & (pos >= begin) & (pos < end) & ~in_sep & ~space
+    content = (text >= 0) & ~_covered(hit, len(sep)) & ~space
     items = n // max(1, len(sep)) + 1
     first = jax.ops.segment_min(jnp.where(content, pos, n), item, num_segments=items)
     last = jax.ops.segment_max(jnp.where(content, pos, -1), item, num_segments=items)
@@ -163,10 +231,10 @@ def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     kept = present & (rank < p.max_actions)
 
     width = p.names.shape[1]
-    text = chars[jnp.clip(first[:, None] + jnp.arange(width), 0, n - 1)]  # [items, Mx]
-    text = jnp.where((text >= ord("A")) & (text <= ord("Z")), text + 32, text)
+    word = text[jnp.clip(first[:, None] + jnp.arange(width), 0, n - 1)]  # [items, Mx]
+    word = jnp.where((word >= ord("A")) & (word <= ord("Z")), word + 32, word)
     size = last - first + 1
-    same = (text[:, None, :] == p.names[None]) | (jnp.arange(width) >= p.name_lengths[:, None])[
+    same = (word[:, None, :] == p.names[None]) | (jnp.arange(width) >= p.name_lengths[:, None])[
         None
     ]
     known = jnp.all(same, axis=-1) & (size[:, None] == p.name_lengths[None])  # [items, A]
@@ -203,19 +271,26 @@ def reference_parse(
     max_actions: int = 5,
     max_bytes: int | None = None,
 ) -> tuple[list[int], bool]:
-    """The same rules with Python's `re` on bytes: (action ids, format_ok)."""
-    text = reply if max_bytes is None else reply[:max_bytes]
-    pattern = (
-        rb"<think>(.*?)</think>" + _WS.encode() if think else b""
-    ) + rb"<answer>(.*?)</answer>"
+    """The original's parsing, step for step on the decoded text: (action ids, format_ok).
+
+    RAGEN's ContextManager._parse_response (regex on str, tags removed from the answer, split,
+    str.strip) and EnvStateManager._extract_map_valid_actions (lower-cased lookup); format_ok is
+    the opposite of its format-penalty condition. Invalid UTF-8 decodes to U+FFFD, as the
+    tokenizer's decode does.
+    """
+    text = (reply if max_bytes is None else reply[:max_bytes]).decode("utf-8", "replace")
+    answer = r"<answer>(.*?)</answer>"
+    pattern = r"<think>(.*?)</think>\s*" + answer if think else answer
     match = re.search(pattern, text, re.DOTALL)
     if match is None:
         return [], False
-    items = [s.strip(WHITESPACE) for s in match.group(match.lastindex).split(separator.encode())]
-    kept = [s for s in items if s][:max_actions]
-    names = [n.lower().encode() for n in action_names]
-    actions = [names.index(s.lower()) for s in kept if s.lower() in names]
-    return actions, bool(kept) and len(actions) == len(kept)
+    content = match.group(2 if think else 1)
+    for tag in REMOVED_TAGS:
+        content = content.replace(tag, "").strip()
+    kept = [a.strip() for a in content.split(separator) if a.strip()][:max_actions]
+    lookup = {name.lower(): i for i, name in enumerate(action_names)}
+    actions = [lookup[a.lower()] for a in kept if a.lower() in lookup]
+    return actions, bool(actions) and len(actions) == len(kept)
 
 
 def stop_strings(think: bool = True) -> tuple[str, ...]:
