@@ -110,9 +110,10 @@ def default_config() -> ConfigDict:
     c.log_every = 1
     c.eval_every = 10
     c.sample_every = 10
+    # EvalConfig's defaults; envs and modes as comma-separated text (flags).
     c.eval = ConfigDict({field.name: field.default for field in dataclasses.fields(EvalConfig)
-                         if field.name != "envs"})
-    c.eval.envs, c.eval.modes = "", ",".join(EvalConfig.modes)
+                         if field.name not in ("envs", "modes")})
+    c.eval.update(envs="", modes=",".join(EvalConfig.modes))
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
     c.check_memory = True
