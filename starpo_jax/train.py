@@ -27,6 +27,7 @@ import optax
 from flax import nnx
 
 from starpo_jax import advantages as adv_lib
+from starpo_jax.collapse import collapse_step_metrics
 from starpo_jax.config import TrainConfig
 from starpo_jax.filtering import gather_group_rows, select_groups
 from starpo_jax.losses import (aggregate, aggregate_normaliser, kl_penalty, policy_loss,
@@ -372,6 +373,8 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
                                         rollout_key, eos_id=eos_id, pad_id=pad_id,
                                         clock=phase_clock))
         out = mark(phase_clock, "rollout", out)
+        collapse = collapse_step_metrics(config.collapse, config.rollout, codec, actor_def,
+                                         state.actor, out, state.step, logit_chunk=opt.logit_chunk)
         selection = select_groups(out.scores_without_penalty.reshape(-1, group),
                                   config.filter.keep_ratio, config.filter.mode)
         batch = constrain(gather_group_rows(out, selection.indices, group))
@@ -385,7 +388,7 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
 
         state, aux = jax.lax.scan(round_, state, jax.random.split(update_key, opt.rollout_reuse))
         metrics = rollout_metrics(out, batch, selection.group_std, selection.indices)
-        metrics.update(jax.tree.map(jnp.mean, aux))
+        metrics.update(jax.tree.map(jnp.mean, aux), **collapse)
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics
 
