@@ -25,8 +25,9 @@ from flax import nnx
 from ml_collections import config_dict
 
 import envs_jax
-from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,
-                               RolloutConfig, TrainConfig)
+from starpo_jax.collapse import drop_uncomputed
+from starpo_jax.config import (AdvantageConfig, CollapseConfig, FilterConfig, LossConfig,
+                               OptimConfig, RolloutConfig, TrainConfig)
 from starpo_jax.evaluation import MODES, EvalConfig, Evaluator, default_eval_envs
 from starpo_jax.memory import MemoryPlan, step_plan
 from starpo_jax.models import load_pretrained
@@ -39,7 +40,7 @@ from starpo_jax.train import TrainState, init_train_state, make_train_step
 
 ConfigDict = config_dict.ConfigDict
 SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": AdvantageConfig,
-            "loss": LossConfig, "optim": OptimConfig}
+            "loss": LossConfig, "optim": OptimConfig, "collapse": CollapseConfig}
 DTYPES = ("float32", "bfloat16")
 # Dataclass fields that may be None: typed so that --config overrides parse.
 _OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str,
@@ -78,6 +79,8 @@ def default_config() -> ConfigDict:
     prompt states, reply_tokens the generation budget.
     prompt.* = None keeps the default (RAGEN's) prompt text; prompt.verify is the number of
     random renderings the codec checks against the tokenizer when it is built.
+    collapse.*: RAGEN-2's template-collapse metrics every collapse.every steps (0 = off;
+    starpo_jax.collapse); logged only on the steps that compute them.
     monitor.*: the collapse ("Echo Trap") monitor of experiments/run.py (starpo_jax.monitor).
     Evaluation (starpo_jax.evaluation) runs every `eval_every` steps and after the last one
     (0 = never); `sample_every` steps write sample conversations (0 = never). eval.envs: names,
@@ -308,7 +311,8 @@ class Experiment:
         if self.progress is not None:
             self.progress.start(self.steps_done + 1)
         self.state, metrics = self.train_step(self.state, self.key if key is None else key)
-        return {name: float(value) for name, value in jax.device_get(metrics).items()}
+        return drop_uncomputed({name: float(value)
+                                for name, value in jax.device_get(metrics).items()})
 
     def fresh_state(self) -> TrainState:
         """The step-0 state of this config (the compiled step is reused)."""

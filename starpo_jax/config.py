@@ -284,6 +284,21 @@ class OptimConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class CollapseConfig:
+    """RAGEN-2's template-collapse metrics (starpo_jax.collapse): every `every` steps (0 = off,
+    nothing compiled in; the original computes them every 5), each first-turn reply is scored
+    under each of the step's P first prompts, `micro_rows` (reply, prompt) pairs per forward
+    (the original's micro_batch_size; a memory knob, results unchanged)."""
+
+    every: int = 0
+    micro_rows: int = 16
+
+    def __post_init__(self) -> None:
+        _int("collapse", "every", self.every, low=0)
+        _int("collapse", "micro_rows", self.micro_rows)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Everything `make_train_step` needs besides the env, codec and model."""
 
@@ -293,14 +308,19 @@ class TrainConfig:
     advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    collapse: CollapseConfig = dataclasses.field(default_factory=CollapseConfig)
 
     def __post_init__(self) -> None:
         _choice("config", "algo", self.algo, ALGOS)
         for name, kind in (("rollout", RolloutConfig), ("filter", FilterConfig),
                            ("advantage", AdvantageConfig), ("loss", LossConfig),
-                           ("optim", OptimConfig)):
+                           ("optim", OptimConfig), ("collapse", CollapseConfig)):
             if not isinstance(getattr(self, name), kind):
                 _fail("config", name, getattr(self, name), f"a {kind.__name__}")
+        if self.collapse.every and self.rollout.groups < 2:
+            _fail("collapse", "every", self.collapse.every,
+                  f"0 (off): the metrics compare prompts and rollout.groups = "
+                  f"{self.rollout.groups} gives one")
         if self.filter.strategy == "top_k_abs" and self.filter.keep_groups > self.rollout.groups:
             _fail("filter", "keep_groups", self.filter.keep_groups,
                   f"an int in [1, rollout.groups = {self.rollout.groups}]")

@@ -42,6 +42,7 @@ class Rollout(flax.struct.PyTreeNode):
 
     tokens: jax.Array  # [B, L] int32, pad_id after `lengths`
     lengths: jax.Array  # [B] int32 tokens in the buffer
+    prompt_lengths: jax.Array  # [B] int32 tokens of the first prompt (tokens[:, :n]; no prefix)
     loss_mask: jax.Array  # [B, L] bool, the model's sampled tokens
     turn_ids: jax.Array  # [B, L] int32 turn index (0-based) of sampled tokens, -1 elsewhere
     # The sampler's distribution at each sampled token (rollout temperature, before top-p /
@@ -250,8 +251,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     carry, per_turn = jax.lax.scan(turn, init, jnp.arange(turns))
     _, buf, mask, tids, blogp, bent, filled, _, _, taken, success, effective = carry
     per_turn = jax.tree.map(lambda x: x.T, per_turn)  # [T, B] -> [B, T]
-    return Rollout(tokens=buf, lengths=filled, loss_mask=mask, turn_ids=tids, behaviour_logp=blogp,
-                   behaviour_entropy=bent,
+    return Rollout(tokens=buf, lengths=filled, prompt_lengths=first_n, loss_mask=mask,
+                   turn_ids=tids, behaviour_logp=blogp, behaviour_entropy=bent,
                    turn_rewards=per_turn["reward"], format_penalties=per_turn["penalty"],
                    turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],
                    think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],

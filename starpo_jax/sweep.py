@@ -33,6 +33,7 @@ import numpy as np
 from ml_collections import config_dict
 
 from starpo_jax import api
+from starpo_jax.collapse import drop_uncomputed
 from starpo_jax.train import TrainState, init_train_state
 
 ConfigDict = config_dict.ConfigDict
@@ -200,7 +201,8 @@ def run_batched(exp: api.Experiment, step: Callable, seeds: Sequence[int], steps
         state, metrics = step(state, keys)
         host = _host(metrics)
         for i, seed in enumerate(seeds):
-            history[seed].append({name: float(value[i]) for name, value in host.items()})
+            history[seed].append(drop_uncomputed({name: float(value[i])
+                                                  for name, value in host.items()}))
         if on_step:
             on_step(seeds, t, [history[seed][-1] for seed in seeds])
     return history
@@ -215,7 +217,8 @@ def run_sequential(exp: api.Experiment, seeds: Sequence[int], steps: int,
         history[seed] = []
         for t in range(1, steps + 1):
             state, metrics = exp.train_step(state, key)
-            history[seed].append({name: float(v) for name, v in _host(metrics).items()})
+            history[seed].append(drop_uncomputed({name: float(v)
+                                                  for name, v in _host(metrics).items()}))
             if on_step:
                 on_step((seed,), t, history[seed][-1:])
     return history

@@ -33,6 +33,7 @@ import optax
 from flax import nnx
 
 from starpo_jax import advantages as adv_lib
+from starpo_jax.collapse import collapse_step_metrics
 from starpo_jax.config import TrainConfig
 from starpo_jax.filtering import GroupSelection, gather_group_rows, select_groups
 from starpo_jax.forward import (accumulated_grad, in_row_slices, sequence_logprobs,
@@ -354,6 +355,8 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     def step(state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
         rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
         out = rollout(state, rollout_key)
+        collapse = collapse_step_metrics(config.collapse, config.rollout, codec, actor_def,
+                                         state.actor, out, state.step, logit_chunk=opt.logit_chunk)
         keys = jax.random.split(update_key, opt.rollout_reuse)
         batch = prepare(state, out)
         state, aux = update(state, batch, keys[0])
@@ -364,7 +367,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
             state, more = jax.lax.scan(again, state, keys[1:])
             aux = {k: (v + more[k].sum()) / opt.rollout_reuse for k, v in aux.items()}
         metrics = rollout_metrics(out, batch)
-        metrics.update(aux)
+        metrics.update(aux, **collapse)
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics
 

@@ -111,7 +111,8 @@ def _random_rollout(rng: np.random.Generator, b: int, turns: int) -> Rollout:
     taken = np.cumsum(rng.random((b, turns)) < 0.7, axis=1) == np.arange(1, turns + 1)
     f32 = lambda shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
     ints = lambda shape, high: rng.integers(0, high, shape).astype(np.int32)  # noqa: E731
-    return Rollout(tokens=ints((b, 8), 50), lengths=ints(b, 8), loss_mask=rng.random((b, 8)) < .5,
+    return Rollout(tokens=ints((b, 8), 50), lengths=ints(b, 8), prompt_lengths=ints(b, 4),
+                   loss_mask=rng.random((b, 8)) < .5,
                    turn_ids=ints((b, 8), turns), behaviour_logp=f32((b, 8)),
                    behaviour_entropy=f32((b, 8)),
                    turn_rewards=f32((b, turns)) * taken, format_penalties=-0.1 * taken,
