@@ -187,6 +187,23 @@ def parse(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     return fn(ids, length)
 
 
+def reference_match(reply: bytes, *, think: bool, max_bytes: int = 2048) -> re.Match | None:
+    """The format's match in the reply's first max_bytes bytes (Python's `re`), or None; its
+    last group is the answer, and in think mode group 1 the thoughts."""
+    pattern = (
+        rb"<think>(.*?)</think>" + _WS.encode() if think else b""
+    ) + rb"<answer>(.*?)</answer>"
+    return re.search(pattern, reply[:max_bytes], re.DOTALL)
+
+
+def reference_items(match: re.Match, *, separator: str = "||", max_actions: int = 5,
+                    ) -> list[bytes]:
+    """The answer's non-empty, trimmed items (at most max_actions): the actions as text."""
+    answer = match.group(match.lastindex)
+    items = [s.strip(WHITESPACE) for s in answer.split(separator.encode())]
+    return [s for s in items if s][:max_actions]
+
+
 def reference_parse(
     reply: bytes,
     action_names: Sequence[str],
@@ -197,15 +214,10 @@ def reference_parse(
     max_bytes: int = 2048,
 ) -> tuple[list[int], bool]:
     """The same rules with Python's `re` on bytes: (action ids, format_ok)."""
-    text = reply[:max_bytes]
-    pattern = (
-        rb"<think>(.*?)</think>" + _WS.encode() if think else b""
-    ) + rb"<answer>(.*?)</answer>"
-    match = re.search(pattern, text, re.DOTALL)
+    match = reference_match(reply, think=think, max_bytes=max_bytes)
     if match is None:
         return [], False
-    items = [s.strip(WHITESPACE) for s in match.group(match.lastindex).split(separator.encode())]
-    kept = [s for s in items if s][:max_actions]
+    kept = reference_items(match, separator=separator, max_actions=max_actions)
     names = [n.lower().encode() for n in action_names]
     actions = [names.index(s.lower()) for s in kept if s.lower() in names]
     return actions, bool(kept) and len(actions) == len(kept)
