@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 def host_buffer_length(text: HostText, config: RolloutConfig) -> int:
     """L: turn 1's prompt and max_turns x (prefix + reply + next message), static."""
     per_turn = len(text.forced_prefix_ids) + config.reply_tokens
-    return text.first_width + config.max_turns * per_turn + (config.max_turns - 1) * text.later_width
+    turns = config.max_turns
+    return text.first_width + turns * per_turn + (turns - 1) * text.later_width
 
 
 def _generate(graphdef, params, cache, prefix, key, token_bytes, options):

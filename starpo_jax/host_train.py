@@ -13,7 +13,7 @@ evaluation (eval_every / sample_every must be 0).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,17 +40,18 @@ def config_for(name: str, algo: str, **rollout: Any) -> Any:
 
 class HostTrainStep:
     """step(state, key) -> (state, metrics) for a host env (see the module docstring). Owns
-    the env pool: `close()` it when done."""
+    the env pool (instances from `factory`, default the registered name's): `close()` it."""
 
     def __init__(self, config: TrainConfig, name: str, pool_config: PoolConfig, text: HostText,
-                 *, model: Decoder, eos_id: int, pad_id: int):
+                 *, model: Decoder, eos_id: int, pad_id: int,
+                 factory: Callable[[], Any] | None = None):
         if config.rollout.chunks != 1:
             raise ValueError(f"rollout.chunks = {config.rollout.chunks} is invalid for host env "
                              f"{name!r}; valid: 1 (host rollouts are not chunked)")
         self.config, self.text, self.eos_id, self.pad_id = config, text, eos_id, pad_id
         self.graphdef = nnx.graphdef(model)
-        self.pool = EnvPool(name, envs_host.factory(name), config.rollout.batch_size,
-                            pool_config)
+        self.pool = EnvPool(name, factory or envs_host.factory(name),
+                            config.rollout.batch_size, pool_config)
         fns = make_train_fns(config, None, None, model=model, eos_id=eos_id, pad_id=pad_id)
         self._learn = jax.jit(fns.learn, donate_argnums=0)
 
