@@ -10,8 +10,10 @@ starpo_jax.api.default_config. The workdir gets config.json, metrics.jsonl (one 
 per step: "step" and the metric names), TensorBoard events (tensorboard/) and orbax
 checkpoints (checkpoints/, every `checkpoint_every` steps, the newest `keep_checkpoints` kept,
 and always at the end), and with `eval_every` / `sample_every` evaluation metrics (val/, the
-same files) and sample conversations (samples/step_<N>.txt). `--resume` continues from the
-newest checkpoint and gives the same metrics as a run never stopped. SIGINT / SIGTERM finish
+same files) and sample conversations (samples/step_<N>.txt). A host env (envs_host, named like
+any env) trains through starpo_jax.host_train: its rollout steps the env on the host, the
+update is compiled (no evaluation). `--resume` continues from the newest checkpoint and gives
+the same metrics as a run never stopped. SIGINT / SIGTERM finish
 the current step, save and exit 0.
 The collapse monitor (config monitor.*, starpo_jax.monitor) prints its alerts and appends them
 to alerts.jsonl; its action "stop" or "raise_filter" saves and ends the run (exit 0).
@@ -50,6 +52,8 @@ from ml_collections import config_flags  # noqa: E402
 
 import jax  # noqa: E402
 
+import envs_host  # noqa: E402
+
 from starpo_jax import api, cli  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.evaluation import Evaluator, summary_table  # noqa: E402
@@ -64,6 +68,8 @@ RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints
 # The collapse monitor's settings, and filter.keep_ratio so that a run stopped by its
 # "raise_filter" action goes on with the suggested value (the steps after the resume change).
 RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio")
+# A host env's pool settings (threads / processes, timeout) change how it is stepped, not what.
+RESUMABLE_CHANGES += ("host",)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
                                           "experiments/configs/).", lock_config=True)
@@ -211,7 +217,8 @@ def _main(argv: list[str]) -> None:
         say(f"{processes} processes, {jax.device_count()} devices", flush=True)
     say(f"config {flags.FLAGS['config'].config_filename} -> {_WORKDIR.value}", flush=True)
     exp = api.build(config)
-    if config.check_memory:
+    # A host env's step is host code around a jitted update: there is no one program to size.
+    if config.check_memory and config.env.name not in envs_host.names():
         say(f"train step compiled: {api.check_memory(exp, any_process)}", flush=True)
     with stop_on_signals() as stop:
         done = train(exp, Path(_WORKDIR.value), resume=_RESUME.value, stop=stop)

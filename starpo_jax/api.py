@@ -24,6 +24,7 @@ import jax
 from flax import nnx
 from ml_collections import config_dict
 
+import envs_host
 import envs_jax
 from starpo_jax.collapse import drop_uncomputed
 from starpo_jax.config import (AdvantageConfig, CollapseConfig, FilterConfig, LossConfig,
@@ -103,6 +104,9 @@ def default_config() -> ConfigDict:
     c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32"})
     c.mesh = ConfigDict({"tp": 1})
     c.env = ConfigDict({"name": "bandit"})
+    # Host envs (envs_host) only: the env pool's threads (or one process per row) and the
+    # seconds an env call may take before its row is failed (envs_host.pool).
+    c.host = ConfigDict(dataclasses.asdict(envs_host.PoolConfig()))
     c.prompt = ConfigDict({"system": config_dict.placeholder(str),
                            "intro": config_dict.placeholder(str),
                            "turn": config_dict.placeholder(str), "verify": 50})
@@ -224,9 +228,14 @@ def train_config(config: ConfigDict) -> TrainConfig:
              f"{EMBEDDED_NAME!r}, {TINY_RANDOM_NAME!r}, the path of a .gguf file or of a Hugging "
              "Face model directory")
     _require("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
-    _require("env.name", full.env.name, full.env.name in envs_jax.names(),
-             f"one of {envs_jax.names()}")
-    eval_config(full)
+    all_envs = envs_jax.names() + envs_host.names()
+    _require("env.name", full.env.name, full.env.name in all_envs, f"one of {all_envs}")
+    envs_host.PoolConfig(**full.host.to_dict())
+    if full.env.name in envs_host.names():  # host_train.py: no evaluation of host envs yet
+        for name in ("eval_every", "sample_every"):
+            _require(name, full[name], full[name] == 0, f"0 for host env {full.env.name!r}")
+    else:
+        eval_config(full)
     MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
     sections = {name: kind(**full[name].to_dict()) for name, kind in SECTIONS.items()
                 if name != "rollout"}
@@ -334,6 +343,9 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
         raise TypeError(f"keyword arguments {sorted(top)} only go with a TrainConfig")
     train = train_config(config)
     full = _merged(config)
+    if full.env.name in envs_host.names():
+        from starpo_jax import host_train
+        return host_train.build(full, train)
     model, tok = load_pretrained(full.model.source, full.model.dtype)
     env = envs_jax.make(full.env.name)
     codec = _codec(full, train, tok, env)

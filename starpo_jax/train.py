@@ -5,6 +5,7 @@
     out = fns.rollout(state, key)                 # P x N trajectories (rollout.Rollout)
     batch = fns.prepare(state, out)               # filter, old log-probs, values, advantages
     state, metrics = fns.update(state, batch, key)  # the PPO / GRPO mini-batch updates
+    state, metrics = fns.learn(state, out, key)   # Online-k rounds of both, metrics, step + 1
     step = make_train_step(config, env, codec, ...)  # jit of the whole iteration, one program
     state, metrics = step(state, key)             # the state is donated: use the returned one
 
@@ -78,6 +79,7 @@ class TrainFns(NamedTuple):
     rollout: Callable[[TrainState, jax.Array], Rollout]
     prepare: Callable[..., Batch]  # (state, rollout, ref_logp=None) -> Batch
     update: Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]
+    learn: Callable[[TrainState, Rollout, jax.Array], tuple[TrainState, Metrics]]
     step: Callable[[TrainState, jax.Array], tuple[TrainState, Metrics]]
 
 
@@ -352,9 +354,10 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
                                     batch.rollout.loss_mask))
         return state, aux
 
-    def step(state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
-        rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
-        out = rollout(state, rollout_key)
+    def learn(state: TrainState, out: Rollout, update_key: jax.Array,
+              ) -> tuple[TrainState, Metrics]:
+        """Everything after the rollout: Online-k rounds of prepare + update, the metrics, and
+        the step counter advanced (a host rollout trains through this too)."""
         collapse = collapse_step_metrics(config.collapse, config.rollout, codec, actor_def,
                                          state.actor, out, state.step, logit_chunk=opt.logit_chunk)
         keys = jax.random.split(update_key, opt.rollout_reuse)
@@ -371,7 +374,11 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics
 
-    return TrainFns(rollout=rollout, prepare=prepare, update=update, step=step)
+    def step(state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
+        rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
+        return learn(state, rollout(state, rollout_key), update_key)
+
+    return TrainFns(rollout=rollout, prepare=prepare, update=update, learn=learn, step=step)
 
 
 def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,

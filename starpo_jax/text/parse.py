@@ -262,6 +262,26 @@ def parse(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     return fn(ids, length)
 
 
+def reference_match(reply: bytes, *, think: bool, max_bytes: int | None = None,
+                    ) -> re.Match | None:
+    """The format's match in the decoded reply (invalid UTF-8 as U+FFFD, as the tokenizer's
+    decode; the first max_bytes bytes when capped), or None; its last group is the answer, and
+    in think mode group 1 the thoughts."""
+    text = (reply if max_bytes is None else reply[:max_bytes]).decode("utf-8", "replace")
+    answer = r"<answer>(.*?)</answer>"
+    return re.search(r"<think>(.*?)</think>\s*" + answer if think else answer, text, re.DOTALL)
+
+
+def reference_items(match: re.Match, *, separator: str = "||", max_actions: int = 5,
+                    ) -> list[str]:
+    """The answer's items as the original takes them: REMOVED_TAGS taken out, split on the
+    separator, stripped, empty ones dropped, at most max_actions."""
+    content = match.group(match.lastindex)
+    for tag in REMOVED_TAGS:
+        content = content.replace(tag, "").strip()
+    return [a.strip() for a in content.split(separator) if a.strip()][:max_actions]
+
+
 def reference_parse(
     reply: bytes,
     action_names: Sequence[str],
@@ -275,19 +295,12 @@ def reference_parse(
 
     RAGEN's ContextManager._parse_response (regex on str, tags removed from the answer, split,
     str.strip) and EnvStateManager._extract_map_valid_actions (lower-cased lookup); format_ok is
-    the opposite of its format-penalty condition. Invalid UTF-8 decodes to U+FFFD, as the
-    tokenizer's decode does.
+    the opposite of its format-penalty condition.
     """
-    text = (reply if max_bytes is None else reply[:max_bytes]).decode("utf-8", "replace")
-    answer = r"<answer>(.*?)</answer>"
-    pattern = r"<think>(.*?)</think>\s*" + answer if think else answer
-    match = re.search(pattern, text, re.DOTALL)
+    match = reference_match(reply, think=think, max_bytes=max_bytes)
     if match is None:
         return [], False
-    content = match.group(2 if think else 1)
-    for tag in REMOVED_TAGS:
-        content = content.replace(tag, "").strip()
-    kept = [a.strip() for a in content.split(separator) if a.strip()][:max_actions]
+    kept = reference_items(match, separator=separator, max_actions=max_actions)
     lookup = {name.lower(): i for i, name in enumerate(action_names)}
     actions = [lookup[a.lower()] for a in kept if a.lower() in lookup]
     return actions, bool(actions) and len(actions) == len(kept)

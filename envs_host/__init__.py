@@ -1,0 +1,16 @@
+"""Python text environments stepped on the host (the original's protocol), beside envs_jax.
+
+Importing this package registers the adapters whose libraries are importable; it does not
+import JAX (process pools spawn workers that import it).
+"""
+
+from envs_host.base import HostEnv, HostEnvError
+from envs_host.pool import EnvPool, Failure, PoolConfig
+from envs_host.registry import factory, make, names, register
+
+# Importing an adapter registers its names (its library is imported only by an instance).
+import envs_host.reasoning_gym_env  # noqa: E402, F401
+import envs_host.webshop  # noqa: E402, F401
+
+__all__ = ["EnvPool", "Failure", "HostEnv", "HostEnvError", "PoolConfig", "factory", "make",
+           "names", "register"]

@@ -1,0 +1,239 @@
+"""The multi-turn rollout of a host env: the compiled sampler per turn, the env on the host.
+
+    pool = EnvPool(name, envs_host.factory(name), rows=config.batch_size)
+    text = build_host_text(tokenizer, envs_host.make(name), config)
+    out, stats = host_rollout(graphdef, params, pool, text, config, key, eos_id=2, pad_id=2)
+
+The same trajectories as `rollout.rollout` (its docstring) with the env outside jit: one row
+b = p * N + n per trajectory, the N rows of group p reset with the same seed; turn 1's prompt
+prefilled once per group and its KV cache copied to the N rows; each turn one compiled call
+prefills the new environment message (turns >= 2) and samples the reply with the forced prefix
+and key fold_in(sample_key, turn) (the KV cache is carried across turns on the device: the
+history is never prefilled again). On the host between calls: the replies are parsed
+(`HostText.parse`), up to max_actions_per_turn actions per row are stepped in the pool (all
+rows in parallel, action by action), and the next messages tokenised into static widths.
+The result is a `Rollout` like the compiled one's, so `prepare` / `update` train on it.
+
+Seeds: `seeds` [P] if given, else drawn from the key's reset half (a run's numbers depend
+only on its key). A row whose env call fails (raised or timed out; see envs_host.pool) ends
+there with all its env rewards 0 and no success; `stats` counts such rows and the
+observations cut to fit their width.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from envs_host.base import HostEnvError
+from envs_host.pool import EnvPool
+from starpo_jax.config import RolloutConfig
+from starpo_jax.host_text import HostText
+from starpo_jax.models.cache import KVCache
+from starpo_jax.rollout import Rollout, _prefill, _repeat_cache
+from starpo_jax.sampling import SamplingOptions, generate_pure
+from starpo_jax.text.parse import stop_strings
+
+log = logging.getLogger(__name__)
+
+
+def host_buffer_length(text: HostText, config: RolloutConfig) -> int:
+    """L: turn 1's prompt and max_turns x (prefix + reply + next message), static."""
+    per_turn = len(text.forced_prefix_ids) + config.reply_tokens
+    turns = config.max_turns
+    return text.first_width + turns * per_turn + (turns - 1) * text.later_width
+
+
+def _generate(graphdef, params, cache, prefix, key, token_bytes, options):
+    b, f = cache.end.shape[0], prefix.shape[0]
+    return generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, f)),
+                         jnp.full((b,), f, jnp.int32), key, cache, token_bytes, options)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "options", "group_size", "length",
+                                             "cache_dtype"))
+def _first_turn(graphdef, params, ids, counts, prefix, key, token_bytes, *, options, group_size,
+                length, cache_dtype):
+    """Prefills each group's prompt [P, W] once, copies it to its N rows, samples turn 1."""
+    model = nnx.merge(graphdef, params)
+    cache = KVCache.init(model.config, ids.shape[0], length, cache_dtype)
+    cache = _repeat_cache(_prefill(model, ids, counts, cache), group_size)
+    return _generate(graphdef, params, cache, prefix, key, token_bytes, options)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "options"), donate_argnames=("cache",))
+def _later_turn(graphdef, params, cache, ids, counts, prefix, key, token_bytes, *, options):
+    """Appends each row's message ids[b, :counts[b]] (0 for rows that stopped), samples."""
+    cache = _prefill(nnx.merge(graphdef, params), ids, counts, cache)
+    return _generate(graphdef, params, cache, prefix, key, token_bytes, options)
+
+
+def _padded(rows: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+    return ids, np.array([len(r) for r in rows], np.int32)
+
+
+def _group_observations(pool: EnvPool, observations: list[str | None], n: int) -> list[str]:
+    """One first observation per group; rows of a group must agree (same seed, same text)."""
+    out = []
+    for p in range(len(observations) // n):
+        seen = {o for o in observations[p * n: (p + 1) * n] if o is not None}
+        if len(seen) > 1:
+            raise HostEnvError(f"env {pool.name!r}: reset({pool.seeds[p * n]}) gave different "
+                               f"observations on rows of one group: {sorted(seen)!r:.300}; "
+                               "reset(seed) must be deterministic")
+        out.append(seen.pop() if seen else "")
+    return out
+
+
+def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text: HostText,
+                 config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
+                 seeds: Any = None) -> tuple[Rollout, dict[str, float]]:
+    """B = groups * group_size trajectories of `pool`'s env (see the module docstring).
+
+    graphdef, params = nnx.split(policy); pool: config.batch_size rows; text: built for this
+    env, tokenizer and config; key: split into the reset and sampling keys as `rollout` does.
+    Returns (Rollout with arrays [B, L] / [B, T] / [B], host stats as floats).
+    """
+    p, n, turns = config.groups, config.group_size, config.max_turns
+    b = p * n
+    if pool.rows != b:
+        raise ValueError(f"the pool has {pool.rows} rows; the rollout needs groups x group_size"
+                         f" = {b}")
+    length = host_buffer_length(text, config)
+    prefix = list(text.forced_prefix_ids)
+    f = len(prefix)
+    prefix_arr = jnp.asarray(prefix, jnp.int32)
+    options = SamplingOptions(max_new_tokens=config.reply_tokens, temperature=config.temperature,
+                              top_p=config.top_p, top_k=config.top_k, stop=stop_strings(),
+                              eos_ids=(eos_id,), pad_id=pad_id)
+    token_bytes = (jnp.asarray(text.table.bytes), jnp.asarray(text.table.lengths))
+    reset_key, sample_key = jax.random.split(key)
+    if seeds is None:
+        seeds = jax.random.randint(reset_key, (p,), 0, np.iinfo(np.int32).max)
+    seeds = np.asarray(seeds, np.int64)
+    if seeds.shape != (p,):
+        raise ValueError(f"seeds must have shape ({p},) (one per group); got {seeds.shape}")
+    budget = config.max_actions_per_traj
+
+    env_seconds = time.perf_counter()
+    observations = pool.reset(np.repeat(seeds, n).tolist())
+    env_seconds = time.perf_counter() - env_seconds
+    truncated = 0
+    first = []
+    for obs in _group_observations(pool, observations, n):
+        ids, cut = text.first_ids(obs, budget)
+        first.append(ids)
+        truncated += cut
+    first_ids, first_n = _padded(first, text.first_width)
+
+    tokens = np.full((b, length), pad_id, np.int32)
+    mask = np.zeros((b, length), bool)
+    tids = np.full((b, length), -1, np.int32)
+    blogp = np.zeros((b, length), np.float32)
+    bent = np.zeros((b, length), np.float32)
+    for row in range(b):
+        tokens[row, : first_n[row // n]] = first[row // n]
+    filled = np.repeat(first_n, n).astype(np.int64)
+    per_turn = {name: np.zeros((b, turns), dtype) for name, dtype in (
+        ("reward", np.float32), ("penalty", np.float32), ("taken", bool), ("format_ok", bool),
+        ("think", np.int32), ("reply", np.int32))}
+    failed = np.array([o is None for o in observations])
+    active = ~failed
+    taken = np.zeros(b, np.int32)
+    effective = np.zeros(b, np.int32)
+    success = np.zeros(b, bool)
+    current = [o or "" for o in observations]
+
+    gen = _first_turn(graphdef, params, jnp.asarray(first_ids), jnp.asarray(first_n), prefix_arr,
+                      jax.random.fold_in(sample_key, 0), token_bytes, options=options,
+                      group_size=n, length=length, cache_dtype=config.cache_dtype)
+    for k in range(turns):
+        g_tokens, g_len, g_logp, g_ent = jax.device_get(
+            (gen.tokens, gen.lengths, gen.logprobs, gen.entropy))
+        actions: dict[int, list[str]] = {}
+        for row in np.flatnonzero(active):
+            at, m = filled[row] + f, int(g_len[row])
+            tokens[row, filled[row]: at] = prefix
+            tokens[row, at: at + m] = g_tokens[row, :m]
+            mask[row, at: at + m] = True
+            tids[row, at: at + m] = k
+            blogp[row, at: at + m] = g_logp[row, :m]
+            bent[row, at: at + m] = g_ent[row, :m]
+            filled[row] = at + m
+            acts, ok, think = text.parse(prefix + g_tokens[row, :m].tolist())
+            actions[int(row)] = acts
+            per_turn["taken"][row, k], per_turn["format_ok"][row, k] = True, ok
+            per_turn["think"][row, k], per_turn["reply"][row, k] = think, m
+            per_turn["penalty"][row, k] = 0.0 if ok else config.format_penalty
+
+        ended = np.zeros(b, bool)
+        steps = np.zeros(b, np.int32)
+        reward = np.zeros(b, np.float32)
+        start = time.perf_counter()
+        for i in range(config.max_actions_per_turn):
+            due = {row: acts[i] for row, acts in actions.items()
+                   if i < len(acts) and not ended[row] and not failed[row]
+                   and taken[row] + steps[row] < budget}
+            if not due:
+                break
+            for row, result in pool.step(due).items():
+                if result is None:
+                    failed[row] = True
+                    continue
+                obs, r, done, info = result
+                reward[row] = np.float32(reward[row] + np.float32(r))  # float32, as in jit
+                ended[row] |= done
+                steps[row] += 1
+                effective[row] += bool(info.get("action_is_effective", True))
+                success[row] = bool(info["success"])
+                current[row] = obs
+        env_seconds += time.perf_counter() - start
+        taken += steps
+        per_turn["reward"][:, k] = np.where(active, reward, 0.0)
+        going = active & ~ended & (taken < budget) & ~failed
+        active = going
+        if not going.any() or k + 1 == turns:
+            break
+
+        messages = [[] for _ in range(b)]
+        for row in np.flatnonzero(going):
+            ids, cut = text.later_ids(k + 2, float(reward[row]), current[row], budget - taken[row])
+            truncated += cut
+            m = int(g_len[row])
+            if m and g_tokens[row, m - 1] == eos_id and ids[0] == eos_id:
+                ids = ids[1:]  # the reply's EOS already is the template's end of turn
+            messages[row] = ids
+            tokens[row, filled[row]: filled[row] + len(ids)] = ids
+            filled[row] += len(ids)
+        ids, counts = _padded(messages, text.later_width)
+        gen = _later_turn(graphdef, params, gen.cache, jnp.asarray(ids), jnp.asarray(counts),
+                          prefix_arr, jax.random.fold_in(sample_key, k + 1), token_bytes,
+                          options=options)
+
+    for failure in pool.failures:
+        log.warning("%s", failure)
+    if truncated:
+        log.warning("env %r: %d observations cut to fit their message width (observation_tokens"
+                    " = the room per observation)", pool.name, truncated)
+    per_turn["reward"][failed] = 0.0
+    success &= ~failed
+    out = Rollout(tokens=tokens, lengths=filled.astype(np.int32), loss_mask=mask, turn_ids=tids,
+                  behaviour_logp=blogp, behaviour_entropy=bent,
+                  turn_rewards=per_turn["reward"], format_penalties=per_turn["penalty"],
+                  turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],
+                  think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],
+                  success=success, num_actions=taken, effective_actions=effective)
+    stats = {"host/failed_rows": float(failed.sum()),
+             "host/truncated_observations": float(truncated),
+             "timing/host_env_seconds": env_seconds}
+    return jax.tree.map(jnp.asarray, out), stats

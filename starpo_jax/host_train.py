@@ -1,0 +1,91 @@
+"""Training on a host env: the host rollout, then the compiled `learn` (prepare + update).
+
+    config = host_train.config_for("rg_chain_sum", "grpo")   # the env's own rollout defaults
+    exp = api.build(config)          # for a name in envs_host: an Experiment whose step is
+    exp.step()                       # host_rollout + jit(learn), same keys as the JAX step
+
+The step's key schedule is `train.make_train_fns(...).step`'s: fold_in(key, state.step) split
+into the rollout's and the update's keys, so a resumed run repeats a run never stopped. Host
+envs run on one device (no mesh), with one rollout chunk, without the phase clock and without
+evaluation (eval_every / sample_every must be 0).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import envs_host
+from envs_host.pool import EnvPool, PoolConfig
+from starpo_jax.config import TrainConfig
+from starpo_jax.host_rollout import host_rollout
+from starpo_jax.host_text import HostText, build_host_text
+from starpo_jax.models.decoder import Decoder
+from starpo_jax.train import Metrics, TrainState, make_train_fns
+
+
+def config_for(name: str, algo: str, **rollout: Any) -> Any:
+    """api.config_for(name, algo) with the host env's own `defaults` (e.g. max_turns=1),
+    then `rollout` on top."""
+    from starpo_jax import api
+
+    # A registered class's `defaults` (read from the class: no instance, no data loaded).
+    env_defaults = dict(getattr(envs_host.factory(name).func, "defaults", {}))
+    return api.config_for(name, algo, **{**env_defaults, **rollout})
+
+
+class HostTrainStep:
+    """step(state, key) -> (state, metrics) for a host env (see the module docstring). Owns
+    the env pool (instances from `factory`, default the registered name's): `close()` it."""
+
+    def __init__(self, config: TrainConfig, name: str, pool_config: PoolConfig, text: HostText,
+                 *, model: Decoder, eos_id: int, pad_id: int,
+                 factory: Callable[[], Any] | None = None):
+        if config.rollout.chunks != 1:
+            raise ValueError(f"rollout.chunks = {config.rollout.chunks} is invalid for host env "
+                             f"{name!r}; valid: 1 (host rollouts are not chunked)")
+        self.config, self.text, self.eos_id, self.pad_id = config, text, eos_id, pad_id
+        self.graphdef = nnx.graphdef(model)
+        self.pool = EnvPool(name, factory or envs_host.factory(name),
+                            config.rollout.batch_size, pool_config)
+        fns = make_train_fns(config, None, None, model=model, eos_id=eos_id, pad_id=pad_id)
+        self._learn = jax.jit(fns.learn, donate_argnums=0)
+
+    def __call__(self, state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
+        rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
+        start = time.perf_counter()
+        out, stats = host_rollout(self.graphdef, state.actor, self.pool, self.text,
+                                  self.config.rollout, rollout_key, eos_id=self.eos_id,
+                                  pad_id=self.pad_id)
+        stats["timing/host_rollout_seconds"] = time.perf_counter() - start
+        state, metrics = self._learn(state, out, update_key)
+        return state, {**metrics, **{k: jnp.float32(v) for k, v in stats.items()}}
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def build(full: Any, train: TrainConfig) -> Any:
+    """api.build for a host env: `full` the checked experiment config, `train` its
+    TrainConfig. Returns an api.Experiment whose train_step is a HostTrainStep."""
+    from starpo_jax import api
+    from starpo_jax.models import load_pretrained
+
+    if jax.process_count() > 1 or jax.device_count() > 1:
+        raise ValueError(f"env.name = {full.env.name!r} is a host env; host envs train on one "
+                         f"device, this run sees {jax.device_count()}")
+    model, tok = load_pretrained(full.model.source, full.model.dtype)
+    env = envs_host.make(full.env.name)
+    template = {k: v for k, v in full.prompt.items() if k != "verify" and v is not None}
+    text = build_host_text(tok, env, train.rollout, **template)
+    step = HostTrainStep(train, full.env.name, PoolConfig(**full.host.to_dict()), text,
+                         model=model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
+    exp = api.Experiment(config=full, train=train, env=env, model=model, tokenizer=tok,
+                         codec=text, state=None, train_step=step, key=key, init_key=init_key)
+    exp.state = exp.fresh_state()
+    return exp

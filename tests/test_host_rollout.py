@@ -1,0 +1,143 @@
+"""The host-driven rollout against the compiled one, on JAX envs wrapped as host envs.
+
+Same model, same keys, same initial states (the adapter's seeds map to the compiled rollout's
+reset keys): every field of the two Rollouts must agree (log-probs to float tolerance). A
+forced prefix holding a whole answer makes every turn step the env on both paths, whatever the
+tiny random model samples after it (the parser reads the first answer).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import envs_jax  # noqa: E402
+from envs_host import EnvPool, HostEnv  # noqa: E402
+from envs_host.jax_adapter import JaxTextEnvHost  # noqa: E402
+from starpo_jax.config import RolloutConfig  # noqa: E402
+from starpo_jax.host_rollout import host_rollout  # noqa: E402
+from starpo_jax.host_text import build_host_text  # noqa: E402
+from starpo_jax.models import load_pretrained  # noqa: E402
+from starpo_jax.rollout import _prompt_widths, rollout  # noqa: E402
+from starpo_jax.text import build_codec, render_conversation_text  # noqa: E402
+
+REPLY_TOKENS = 4
+SHORT_TEMPLATE = dict(
+    system="", intro="",
+    turn="Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens.")
+
+
+@functools.cache
+def tiny():
+    return load_pretrained("tiny-random")
+
+
+def _both(env_name: str, config: RolloutConfig, key, **template):
+    model, tok = tiny()
+    env = envs_jax.make(env_name)
+    template = {**SHORT_TEMPLATE, **template}
+    codec = build_codec(tok, env, mode=config.mode, max_tokens=config.reply_tokens,
+                        max_actions_per_turn=config.max_actions_per_turn, verify=20, **template)
+    graphdef, params = nnx.split(model)
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    compiled = jax.jit(lambda p, k: rollout(graphdef, p, env, codec, config, k, **kw))(params, key)
+    reset_keys = jax.random.split(jax.random.split(key)[0], config.groups)
+    factory = functools.partial(JaxTextEnvHost, env, key_for_seed=lambda s: reset_keys[s])
+    pool = EnvPool(env_name, factory, rows=config.batch_size)
+    text = build_host_text(tok, factory(), config, widths=_prompt_widths(codec), **template)
+    host, stats = host_rollout(graphdef, params, pool, text, config, key,
+                               seeds=np.arange(config.groups), **kw)
+    pool.close()
+    return jax.device_get(compiled), jax.device_get(host), stats
+
+
+def test_host_rollout_equals_compiled_rollout():
+    # Each turn: Up and Left stepped, Jump unknown (a format penalty); the budget of 5 actions
+    # runs out inside turn 3, so rows take 3 turns and the EOS / next-message path is crossed.
+    config = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=REPLY_TOKENS,
+                           mode="nothink", max_actions_per_turn=3, max_actions_per_traj=5,
+                           shared_env_randomness=True)
+    want, got, stats = _both("sokoban", config, jax.random.PRNGKey(5),
+                             forced_prefix="<answer>Up || Left || Jump</answer>")
+    assert stats["host/failed_rows"] == 0 and stats["host/truncated_observations"] == 0
+    for name, value in vars(want).items():
+        if name.startswith("behaviour_"):
+            np.testing.assert_allclose(getattr(got, name), value, atol=2e-5, err_msg=name)
+        else:
+            np.testing.assert_array_equal(getattr(got, name), value, err_msg=name)
+    # The env really stepped on both paths: budget spent, rewards, penalties, three turns.
+    assert (want.num_actions == 5).all() and np.abs(want.turn_rewards).sum() > 0
+    assert want.turn_taken.all() and (want.format_penalties < 0).all()
+
+
+class Echo(HostEnv):
+    """Free-text env: says what it heard; seed 1 crashes on its first step, seed 2's first
+    observation is far longer than its room."""
+
+    instructions = "Say something."
+    observation_tokens = 24
+
+    def reset(self, seed: int) -> str:
+        self.seed, self.turn = seed, 0
+        return "long " * 200 if seed == 2 else f"word {seed}"
+
+    def step(self, action: str):
+        if self.seed == 1:
+            raise RuntimeError("boom")
+        self.turn += 1
+        return f"you said {action} é", 0.5, self.turn == 2, {"success": self.turn == 2}
+
+
+def _split_on(text: str, sentinels: list[str]) -> list[str]:
+    pieces = []
+    for s in sentinels:
+        head, found, text = text.partition(s)
+        assert found, f"sentinel {s!r} missing from the rendered conversation"
+        pieces.append(head)
+    return pieces + [text]
+
+
+def test_host_rollout_free_text_env_chat_template_failures_and_truncation():
+    model, tok = tiny()
+    graphdef, params = nnx.split(model)
+    config = RolloutConfig(groups=3, group_size=2, max_turns=3, reply_tokens=REPLY_TOKENS,
+                           mode="nothink", max_actions_per_turn=1, max_actions_per_traj=5)
+    pool = EnvPool("echo", Echo, rows=config.batch_size)
+    text = build_host_text(tok, Echo(), config, **SHORT_TEMPLATE,
+                           forced_prefix="<answer>hi there</answer>")
+    out, stats = host_rollout(graphdef, params, pool, text, config, jax.random.PRNGKey(1),
+                              seeds=[0, 1, 2], eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    pool.close()
+    out = jax.device_get(out)
+    assert stats["host/failed_rows"] == 2 and stats["host/truncated_observations"] == 1
+    # Group 0: two turns of reward 0.5, success; group 1 crashed: reward 0, no success, ended.
+    np.testing.assert_array_equal(out.turn_rewards[:2], [[0.5, 0.5, 0.0]] * 2)
+    np.testing.assert_array_equal(out.turn_taken[:2], [[True, True, False]] * 2)
+    np.testing.assert_array_equal(out.turn_rewards[2:4], 0.0)
+    np.testing.assert_array_equal(out.turn_taken[2:4], [[True, False, False]] * 2)
+    np.testing.assert_array_equal(out.success, [True, True, False, False, True, True])
+    assert out.format_ok[out.turn_taken].all() and (out.format_penalties == 0).all()
+    # The token stream of a row is the chat template of its messages, split at the replies.
+    prefix = list(text.forced_prefix_ids)
+    for b in (0, 1, 4):
+        replies = [out.tokens[b][out.turn_ids[b] == k].tolist() for k in range(2)]
+        first = "long " * 200 if b == 4 else "word 0"
+        if b == 4:  # the cut observation: what the buffer holds is a prefix of it
+            head = tok.decode(out.tokens[b, : np.argmax(out.loss_mask[b])])
+            first = first[: max(n for n in range(len(first) + 1) if first[:n] in head)]
+        sentinels = ["\x02R0\x02", "\x02R1\x02"]
+        messages = render_conversation_text(
+            text.template, Echo.instructions, (), [first, "you said hi there é"], sentinels,
+            [0.5], [5, 4], max_actions_per_turn=1, max_tokens=REPLY_TOKENS)
+        pieces = _split_on(tok.apply_chat_template(messages, tokenize=False), sentinels)[:-1]
+        want = []
+        for k, piece in enumerate(pieces):
+            want += tok.encode(piece, add_special_tokens=False) + prefix + replies[k]
+        assert out.tokens[b, : out.lengths[b]].tolist() == want, f"row {b}"
+        assert out.lengths[b] <= out.tokens.shape[1]
