@@ -227,7 +227,9 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
                     " = the room per observation)", pool.name, truncated)
     per_turn["reward"][failed] = 0.0
     success &= ~failed
-    out = Rollout(tokens=tokens, lengths=filled.astype(np.int32), loss_mask=mask, turn_ids=tids,
+    out = Rollout(tokens=tokens, lengths=filled.astype(np.int32),
+                  prompt_lengths=np.repeat(first_n, n).astype(np.int32), loss_mask=mask,
+                  turn_ids=tids,
                   behaviour_logp=blogp, behaviour_entropy=bent,
                   turn_rewards=per_turn["reward"], format_penalties=per_turn["penalty"],
                   turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],
