@@ -10,14 +10,17 @@ Rules (the original's, on the UTF-8 bytes of the reply; the reply includes the f
 - Whitespace is ASCII whitespace (space, \\t, \\n, \\r, \\v, \\f) both in `\\s` and in trimming.
 - think_tokens: reply tokens overlapping the think content (0 without a match or in nothink).
 - Only the first `max_bytes` bytes of the reply are read.
+- Free-text envs (an `action_parser`): every kept item is an action; its bytes (the first
+  `action_bytes`, -1 padded, with its full length) go to the env's parser, which returns the
+  action pytree; format_ok = a match and at least one kept item.
 `reference_parse` is the same rules with Python's `re`, for tests and logs.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -32,8 +35,9 @@ _WS = "[" + re.escape(WHITESPACE.decode()) + "]*"
 
 
 class ParsedReply(NamedTuple):
-    """Per row: actions [max_actions] int32 (0 after num_actions), num_actions [] int32,
-    format_ok [] bool, think_tokens [] int32 (leading batch axes as the input's)."""
+    """Per row: actions [max_actions] int32 (0 after num_actions; for free-text envs a pytree
+    with that leading axis), num_actions [] int32, format_ok [] bool, think_tokens [] int32
+    (leading batch axes as the input's)."""
 
     actions: jax.Array
     num_actions: jax.Array
@@ -52,6 +56,11 @@ class ReplyParser(flax.struct.PyTreeNode):
     separator: bytes = flax.struct.field(pytree_node=False)
     max_actions: int = flax.struct.field(pytree_node=False)
     max_bytes: int = flax.struct.field(pytree_node=False)
+    #: Free-text envs: item bytes [action_bytes] int32, length [] int32 -> action pytree.
+    action_parser: Callable[[jax.Array, jax.Array], Any] | None = flax.struct.field(
+        pytree_node=False, default=None
+    )
+    action_bytes: int = flax.struct.field(pytree_node=False, default=0)
 
 
 def build_parser(
@@ -62,8 +71,12 @@ def build_parser(
     separator: str = "||",
     max_actions: int = 5,
     max_bytes: int = 2048,
+    action_parser: Callable[[jax.Array, jax.Array], Any] | None = None,
+    action_bytes: int = 0,
 ) -> ReplyParser:
-    """Host: a ReplyParser. Raises ValueError for a separator that overlaps itself irregularly."""
+    """Host: a ReplyParser; with `action_parser` (free-text envs) items go to it as bytes and
+    `action_names` is ignored. Raises ValueError for a separator that overlaps itself
+    irregularly, or for no action names and no action parser."""
     sep = separator.encode("utf-8")
     borders = [k for k in range(1, len(sep)) if sep[:k] == sep[-k:]]
     if borders and len(set(sep)) != 1:
@@ -71,8 +84,12 @@ def build_parser(
             f"action separator {separator!r} overlaps itself; use one without a repeated "
             "border (e.g. '||', '|', ';')"
         )
-    encoded = [n.lower().encode("utf-8") for n in action_names]
-    width = max(len(e) for e in encoded)
+    if action_parser is not None and action_bytes < 1:
+        raise ValueError(f"action_bytes must be >= 1 with an action parser; got {action_bytes}")
+    encoded = [] if action_parser is not None else [n.lower().encode("utf-8") for n in action_names]
+    if action_parser is None and not encoded:
+        raise ValueError("no action names and no action parser: nothing to parse replies into")
+    width = max((len(e) for e in encoded), default=1)
     names = np.full((len(encoded), width), -1, np.int32)
     for i, e in enumerate(encoded):
         names[i, : len(e)] = np.frombuffer(e, np.uint8)
@@ -85,6 +102,8 @@ def build_parser(
         separator=sep,
         max_actions=max_actions,
         max_bytes=max_bytes,
+        action_parser=action_parser,
+        action_bytes=action_bytes,
     )
 
 
@@ -154,7 +173,24 @@ def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     present = last >= 0
     rank = jnp.cumsum(present) - 1
     kept = present & (rank < p.max_actions)
+    if p.action_parser is not None:
+        actions, num_actions = _free_items(p, chars, first, last, kept, rank)
+        format_ok = matched & (num_actions > 0)
+    else:
+        actions, num_actions, format_ok = _named_items(p, chars, first, last, kept, matched)
 
+    if p.think:
+        starts = ends - lens
+        overlap = (lens > 0) & (starts < e) & (ends > t0 + 7)
+        think_tokens = jnp.where(matched, jnp.sum(overlap), 0).astype(jnp.int32)
+    else:
+        think_tokens = jnp.int32(0)
+    return ParsedReply(actions, num_actions, format_ok, think_tokens)
+
+
+def _named_items(p: ReplyParser, chars, first, last, kept, matched):
+    """Kept items matched against the action names: (actions [A], count, format_ok)."""
+    n = p.max_bytes
     width = p.names.shape[1]
     text = chars[jnp.clip(first[:, None] + jnp.arange(width), 0, n - 1)]  # [items, Mx]
     text = jnp.where((text >= ord("A")) & (text <= ord("Z")), text + 32, text)
@@ -169,14 +205,22 @@ def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     actions = jnp.zeros((p.max_actions,), jnp.int32).at[slot].set(action, mode="drop")
     num_actions = jnp.sum(valid).astype(jnp.int32)
     format_ok = matched & (num_actions > 0) & (num_actions == jnp.sum(kept))
+    return actions, num_actions, format_ok
 
-    if p.think:
-        starts = ends - lens
-        overlap = (lens > 0) & (starts < e) & (ends > t0 + 7)
-        think_tokens = jnp.where(matched, jnp.sum(overlap), 0).astype(jnp.int32)
-    else:
-        think_tokens = jnp.int32(0)
-    return ParsedReply(actions, num_actions, format_ok, think_tokens)
+
+def _free_items(p: ReplyParser, chars, first, last, kept, rank):
+    """Kept items as bytes through the env's parser: (actions pytree [A, ...], count)."""
+    n, width = p.max_bytes, p.action_bytes
+    item = jnp.zeros((p.max_actions,), jnp.int32).at[jnp.where(kept, rank, p.max_actions)].set(
+        jnp.arange(first.shape[0], dtype=jnp.int32), mode="drop"
+    )
+    count = jnp.sum(kept).astype(jnp.int32)
+    used = jnp.arange(p.max_actions) < count
+    length = jnp.where(used, last[item] - first[item] + 1, 0).astype(jnp.int32)
+    j = jnp.arange(width)
+    text = chars[jnp.clip(first[item][:, None] + j, 0, n - 1)]
+    text = jnp.where(j < length[:, None], text, -1)
+    return jax.vmap(p.action_parser)(text, length), count
 
 
 def parse(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
@@ -197,18 +241,31 @@ def reference_parse(
     max_bytes: int = 2048,
 ) -> tuple[list[int], bool]:
     """The same rules with Python's `re` on bytes: (action ids, format_ok)."""
-    text = reply[:max_bytes]
-    pattern = (
-        rb"<think>(.*?)</think>" + _WS.encode() if think else b""
-    ) + rb"<answer>(.*?)</answer>"
-    match = re.search(pattern, text, re.DOTALL)
-    if match is None:
+    kept = reference_items(
+        reply, think=think, separator=separator, max_actions=max_actions, max_bytes=max_bytes
+    )
+    if kept is None:
         return [], False
-    items = [s.strip(WHITESPACE) for s in match.group(match.lastindex).split(separator.encode())]
-    kept = [s for s in items if s][:max_actions]
     names = [n.lower().encode() for n in action_names]
     actions = [names.index(s.lower()) for s in kept if s.lower() in names]
     return actions, bool(kept) and len(actions) == len(kept)
+
+
+def reference_items(
+    reply: bytes, *, think: bool, separator: str = "||", max_actions: int = 5,
+    max_bytes: int = 2048,
+) -> list[bytes] | None:
+    """The kept answer items (stripped, non-empty, at most max_actions) with Python's `re`, or
+    None without a match: what a free-text env's parser receives (format_ok = a non-empty list).
+    """
+    pattern = (
+        rb"<think>(.*?)</think>" + _WS.encode() if think else b""
+    ) + rb"<answer>(.*?)</answer>"
+    match = re.search(pattern, reply[:max_bytes], re.DOTALL)
+    if match is None:
+        return None
+    items = [s.strip(WHITESPACE) for s in match.group(match.lastindex).split(separator.encode())]
+    return [s for s in items if s][:max_actions]
 
 
 def stop_strings(think: bool = True) -> tuple[str, ...]:

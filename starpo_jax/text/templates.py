@@ -132,7 +132,9 @@ def intro_text(
     """The first user message's head, with every field filled."""
     actions = ", ".join(action_names)
     head = template.actions_line.split("{", 1)[0]
-    line = "" if head and head in instructions else template.actions_line.format(actions=actions)
+    # Free-text games (no action words) have no actions line, as the original without a lookup.
+    listed = not action_names or (head and head in instructions)
+    line = "" if listed else template.actions_line.format(actions=actions)
     return template.intro.format(
         instructions=instructions,
         actions_line=line,
