@@ -196,7 +196,7 @@ def has_solution(nums: list[int], target: int) -> bool:
     ("countdown", (3, 4), True), ("countdown_5", (5,), True), ("countdown", (3, 4), False)])
 def test_generated_instances_are_solvable(name, sizes, plus_minus_only):
     env = envs_jax.make(name, plus_minus_only=plus_minus_only)
-    states, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(3), 300))
+    states, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(3), 150))
     states = jax.device_get(states)
     for nums, count, target in zip(states.nums, states.count, states.target):
         given = [int(x) for x in nums[:count]]
