@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import envs_jax
-from envs_jax.sudoku import env as sd
 from envs_jax.sudoku.parse import parse_move
 
 WIDTH = 64
@@ -111,7 +110,8 @@ def original_step(grid, initial, solution, move, box):
 def _random_answer(rng: np.random.Generator, n: int) -> str:
     r, c, d = (int(x) for x in rng.integers(0, n + 2, 3))
     forms = [f"place {d} at row {r} col {c}", f"place {d} at ({r},{c})", f"place {d} at {r}, {c}",
-             f"{d} at {r},{c}", f"({r}, {c}, {d})", f"{r},{c},{d}", f"PLACE  {d}\tAT ROW {r} COL {c}",
+             f"{d} at {r},{c}", f"({r}, {c}, {d})", f"{r},{c},{d}",
+             f"PLACE  {d}\tAT ROW {r} COL {c}",
              f"I think {r},{c},{d}", f"row {r} col {c} = {d}", "at 3", f"{r} {c} {d}",
              f"place {d} at row {r}", f"the cat: {r},  {c},{d}!", f"0{r},{c},{d}0"]
     return forms[int(rng.integers(len(forms)))]
