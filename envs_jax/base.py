@@ -1,5 +1,9 @@
 """The contract every text game in envs_jax follows, on top of jumanji's Environment.
 
+Two kinds: grid games (`TextEnv`: a symbol grid and a list of action words, the common case)
+and free-text games (`FreeTextEnv`, below: an observation of fixed text and symbol slots, and
+answers the env parses itself).
+
 JAX side: `reset`, `step` and `render_symbols` are pure and jit/vmap-able.
 Host side: `render_text`, `reset_from_text`, and what the prompt says about the game
 (`instructions`, `symbol_legend`, `action_names` when `lists_actions`); `settings` holds the
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any, Generic, TypeVar
 
@@ -112,3 +117,73 @@ class TextEnv(Environment[State, specs.DiscreteArray, Observation], Generic[Stat
 def symbol_text(symbol_strings: tuple[str, ...], ids: Any) -> str:
     """Text of an int [R, C] id array, per the module's rule (shared by envs and tests)."""
     return "\n".join("".join(symbol_strings[int(i)] for i in row) for row in np.asarray(ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class TextSlot:
+    """A dynamic part of a free-text observation: `width` symbols from `symbols` (at most 19
+    strings, "" allowed: it renders as nothing). sample(rng) -> [width] int ids: a filling as the
+    env renders it, from which the text layer finds where the slot's tokens begin and end and
+    against which it checks its rendering (so samples should cover what the env shows)."""
+
+    name: str
+    symbols: tuple[str, ...]
+    width: int
+    sample: Callable[[np.random.Generator], np.ndarray]
+
+
+class FreeTextEnv(TextEnv[State, Observation]):
+    """A text game whose observation is fixed text and symbol slots and whose answers are free
+    text the env parses itself (Countdown's expressions, Sudoku's placements).
+
+    What an env author implements, besides jumanji's `reset` / `step` and `action_spec`:
+    - `observation_parts`: the observation's text as fixed strings and `TextSlot`s (no two
+      slots adjacent), and `render_symbols(state) -> {slot name: [width] int32}` (pure JAX);
+      the observation's text is, by definition, the parts joined with each slot's symbols.
+    - `action_bytes` and `parse_action(item [action_bytes] int32, length [] int32) -> action`
+      (pure JAX): one answer item's UTF-8 bytes (-1 padded; `length` may exceed action_bytes,
+      the item was then cut) to the action pytree `step` takes. The answer is split into items
+      on the action separator as for grid games (starpo_jax.text.parse); every item is an
+      action, as the original passes each one to its env's `step`.
+    `action_names` is empty and `symbol_strings` lists the slots' symbols (tokenizer corpora).
+    """
+
+    action_names: tuple[str, ...] = ()
+    observation_parts: tuple[str | TextSlot, ...]
+    action_bytes: int
+
+    @abc.abstractmethod
+    def render_symbols(self, state: State) -> dict[str, chex.Array]:
+        """{slot name: [width] int32 ids into that slot's symbols} (pure JAX, jit/vmap-able)."""
+
+    @abc.abstractmethod
+    def parse_action(self, item: chex.Array, length: chex.Array) -> Any:
+        """item [action_bytes] int32 bytes (-1 past the end), length [] int32 -> an action."""
+
+    @property
+    def slots(self) -> tuple[TextSlot, ...]:
+        return tuple(p for p in self.observation_parts if isinstance(p, TextSlot))
+
+    @property
+    def symbol_strings(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(dict.fromkeys(s for slot in self.slots for s in slot.symbols if s))
+
+    def render_text(self, state: State) -> str:
+        """The observation's text (host side, one unbatched state)."""
+        ids = jax.device_get(self.render_symbols(state))
+        return slot_text(self.observation_parts, ids)
+
+
+def slot_text(parts: tuple[str | TextSlot, ...], ids: dict[str, Any]) -> str:
+    """Text of a free-text observation from its slot ids (shared by envs and tests)."""
+    out = []
+    for part in parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        row = np.asarray(ids[part.name])
+        if row.shape != (part.width,):
+            raise ValueError(f"slot {part.name!r} has ids of shape {row.shape}; expected "
+                             f"({part.width},)")
+        out.append("".join(part.symbols[int(i)] for i in row))
+    return "".join(out)

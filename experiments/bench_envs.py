@@ -1,6 +1,7 @@
 """Environment throughput: every registered env (jit + vmap) against the original's Python peers.
 
     PYTHONPATH=. python experiments/bench_envs.py [--quick] [--sokoban-python PYTHON]
+        [--envs countdown,sudoku]
 
 (--quick: batch 64 only, few repetitions; a smoke run, not a measurement.)
 
@@ -14,6 +15,12 @@ the interpreter given by --sokoban-python (it needs old gym; skipped with a note
 Also the median optimal solution length (envs_jax.sokoban.solver) of each generator's levels,
 and the machine's f32 matmul rate for scale. Times are medians of repeated runs after a
 warm-up call; no allocator settings are changed (XLA CPU defaults).
+
+Free-text games (Countdown, Sudoku) step from answer text: each step parses a random answer's
+bytes (`env.parse_action`, in the same program) and applies it. Their peers are the original's
+rules transcribed to plain Python (experiments/freetext_peers.py) on the same answers, in a loop:
+Countdown's `compute_reward` (regex numbers check, `eval`), Sudoku's `parse_action` + `step`
+(with and without its "with_feedback" text render).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs_jax
+import freetext_peers
+from envs_jax.base import FreeTextEnv
 from envs_jax.sokoban import solver
 
 # Run by the gym-sokoban interpreter; prints one JSON line. Level ids use our symbol ids
@@ -105,8 +114,12 @@ def env_steps_per_s(env: envs_jax.TextEnv, batch: int, steps: int, reps: int) ->
     """Steps/s of jit(scan(vmap(env.step))) over `steps` steps of `batch` envs."""
     key = jax.random.PRNGKey(0)
     state, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(key, batch))
-    actions = jax.random.randint(key, (steps, batch), 0, len(env.action_names), jnp.int32)
-    step = jax.vmap(env.step)
+    if isinstance(env, FreeTextEnv):  # answer bytes [T, B, W] and lengths, parsed in the step
+        actions = freetext_peers.encoded_answers(env, jax.device_get(state), steps)
+        step = jax.vmap(lambda s, a: env.step(s, env.parse_action(*a)))
+    else:
+        actions = jax.random.randint(key, (steps, batch), 0, len(env.action_names), jnp.int32)
+        step = jax.vmap(env.step)
 
     @jax.jit
     def rollout(state, actions):
@@ -187,8 +200,13 @@ def main() -> None:
         default=None,
         help="interpreter with gym-sokoban 0.0.6 installed (e.g. /tmp/gsvenv/bin/python)",
     )
+    parser.add_argument("--envs", default="", help="comma-separated env names (default: all)")
     args = parser.parse_args()
     quick = args.quick
+    names = tuple(n for n in args.envs.split(",") if n) or envs_jax.names()
+    unknown = sorted(set(names) - set(envs_jax.names()))
+    if unknown:
+        parser.error(f"unknown envs {unknown}; registered: {', '.join(envs_jax.names())}")
     batches = (64,) if quick else (1, 64, 4096)
     level_batch = 64 if quick else 1024
     reps = 1 if quick else 5
@@ -204,7 +222,7 @@ def main() -> None:
     rows: list[tuple[str, str, float, str]] = []
     ours: dict[tuple[str, int], float] = {}
     levels: dict[str, Any] = {}
-    for name in envs_jax.names():
+    for name in names:
         env = envs_jax.make(name)
         for batch in batches:
             steps = (200 if quick else 2000) if batch == 1 else (20 if quick else 100)
@@ -217,13 +235,24 @@ def main() -> None:
         rows.append((f"{name} reset (jit+vmap)", f"B={level_batch}", rate, "levels/s"))
 
     peer_steps = 20_000 if quick else 200_000
-    fl_bare, fl_text = gymnasium_frozen_lake(peer_steps, peer_steps // 20)
-    rows.append(("gymnasium FrozenLake-v1 step", "Python", fl_bare, "steps/s"))
-    rows.append(("  + text render per step", "Python", fl_text, "steps/s"))
+    fl_bare = fl_text = None
+    if "frozen_lake" in names:
+        fl_bare, fl_text = gymnasium_frozen_lake(peer_steps, peer_steps // 20)
+        rows.append(("gymnasium FrozenLake-v1 step", "Python", fl_bare, "steps/s"))
+        rows.append(("  + text render per step", "Python", fl_text, "steps/s"))
+    free_peers = []  # (env name, peer label, steps/s)
+    for name in names:
+        env = levels[name][0]
+        if isinstance(env, FreeTextEnv):
+            for label, rate in freetext_peers.python_steps_per_s(env, peer_steps // 10).items():
+                rows.append((f"{name} step, {label}", "Python", rate, "steps/s"))
+                free_peers.append((name, label, rate))
 
     python = args.sokoban_python or default_sokoban_python()
     peer = None
-    if python is None:
+    if not any(n.startswith("sokoban") for n in names):
+        python = None
+    elif python is None:
         print("note: gym-sokoban not importable here; pass --sokoban-python to time the peer")
     else:
         cfg = {
@@ -245,8 +274,11 @@ def main() -> None:
 
     top = max(batches)
     print(f"\nratios (ours at B={top} / peer):")
-    ratios = [("frozen_lake", "gymnasium bare", fl_bare)]
-    ratios += [("frozen_lake", "gymnasium + text", fl_text)]
+    ratios = []
+    if fl_bare is not None:
+        ratios += [("frozen_lake", "gymnasium bare", fl_bare)]
+        ratios += [("frozen_lake", "gymnasium + text", fl_text)]
+    ratios += [(name, f"Python {label}", rate) for name, label, rate in free_peers]
     if peer:
         for name in ("sokoban", "sokoban_large"):
             if (name, top) in ours:
@@ -254,7 +286,7 @@ def main() -> None:
                 ratios += [(name, "gym-sokoban rendered", peer["rendered"])]
     for name, against, rate in ratios:
         if (name, top) in ours:
-            print(f"  {name:<14} step vs {against:<22} {ours[name, top] / rate:>10,.1f}x")
+            print(f"  {name:<14} step vs {against:<30} {ours[name, top] / rate:>10,.1f}x")
     if peer and ("sokoban", -1) in ours:
         print(
             f"  {'sokoban':<14} reset (B={level_batch}) vs generate_room "
@@ -262,12 +294,14 @@ def main() -> None:
             f"(peer: {peer['failures']} failed generate_room calls retried)"
         )
 
-    print(f"\noptimal solution length (BFS over {solve_n} levels of each generator):")
     generated = {
         name: np.asarray(jax.vmap(env.render_symbols)(states))[:solve_n]
         for name, (env, states) in levels.items()
         if name.startswith("sokoban")
     }
+    if not generated:
+        return
+    print(f"\noptimal solution length (BFS over {solve_n} levels of each generator):")
     if peer:
         generated["gym-sokoban 6x6"] = [np.asarray(level) for level in peer["levels"]]
     for name, ids in generated.items():

@@ -41,7 +41,9 @@ from starpo_jax.rollout import Rollout, rollout
 
 MODES = ("greedy", "sampled")
 # Out-of-distribution variants evaluated by default next to the training env (RAGEN's).
-OOD_VARIANTS = {"bandit": ("bandit_test",), "sokoban": ("sokoban_large", "sokoban_new_vocab")}
+OOD_VARIANTS = {"bandit": ("bandit_test",), "sokoban": ("sokoban_large", "sokoban_new_vocab"),
+                "countdown": ("countdown_5",), "sudoku": ("sudoku_medium",),
+                "sudoku_4x4": ("sudoku_4x4_medium",)}
 # fold_in(run_key, t) is training iteration t's key; no run takes 2**31 - 1 steps.
 EVAL_STREAM = 2**31 - 1
 REPLY_OPEN, REPLY_CLOSE = "«", "»"  # around the model's sampled tokens in a conversation

@@ -79,7 +79,7 @@ def buffer_length(codec: Codec, config: RolloutConfig) -> int:
 
 def _prompt_widths(codec: Codec) -> tuple[int, int]:
     """Static padded widths of the first prompt and of a later environment message."""
-    symbols = jnp.zeros(codec.grid_shape, jnp.int32)
+    symbols = codec.blank_symbols()
     first = jax.eval_shape(codec.first_prompt, symbols, jnp.int32(0))[0].shape[-1]
     later = jax.eval_shape(codec.next_prompt, jnp.int32(2), jnp.float32(0), symbols,
                            jnp.int32(0))[0].shape[-1]
@@ -130,16 +130,17 @@ def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken
                max_actions_per_traj: int):
     """Up to A actions per row, stopping at the episode end or the trajectory's action budget.
 
-    state: batched env state [B]; actions [B, A] int32; count [B] int32 actions to try (0 for
-    inactive rows); taken [B] int32 actions already taken this trajectory.
+    state: batched env state [B]; actions [B, A] int32, or a pytree of [B, A, ...] (free-text
+    envs); count [B] int32 actions to try (0 for inactive rows); taken [B] int32 actions
+    already taken this trajectory.
     Returns (state, reward [B], ended [B], success [B], steps [B], effective [B]).
     """
-    b = actions.shape[0]
+    b = count.shape[0]
 
     def one(carry, i):
         state, reward, ended, success, steps, effective = carry
         go = (i < count) & ~ended & (taken + steps < max_actions_per_traj)
-        new_state, ts = jax.vmap(env.step)(state, actions[:, i])
+        new_state, ts = jax.vmap(env.step)(state, jax.tree.map(lambda a: a[:, i], actions))
         for name in ("success", "action_is_effective"):
             if name not in ts.extras:
                 raise ValueError(f"{type(env).__name__}.step must report extras[{name!r}]")
@@ -154,7 +155,7 @@ def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken
     zeros = jnp.zeros((b,), jnp.int32)
     init = (state, jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool), jnp.zeros((b,), bool),
             zeros, zeros)
-    carry, _ = jax.lax.scan(one, init, jnp.arange(actions.shape[1]))
+    carry, _ = jax.lax.scan(one, init, jnp.arange(jax.tree.leaves(actions)[0].shape[1]))
     return carry
 
 

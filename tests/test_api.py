@@ -172,7 +172,7 @@ def test_explicit_env_setting_wins(key):
 @pytest.mark.parametrize("key, value, expected", [
     ("max_turns", 0, "rollout.max_turns = 0 is invalid; valid: an int >= 1"),
     ("max_actions_per_traj", -2, "rollout.max_actions_per_traj = -2 is invalid"),
-    ("announced_tokens", "many", "'announced_tokens'"),
+    ("announced_tokens", "many", "rollout.announced_tokens = 'many' is invalid; valid: an int"),
     ("max_actions_per_turn", 1.5, "max_actions_per_turn"),
 ])
 def test_bad_env_setting_names_the_key(key, value, expected):

@@ -16,6 +16,10 @@ excluding any end-of-turn token (the template's `closing` supplies it). The repl
 the tokenizer's own encoding of their text for the whole to re-tokenise identically; sampled
 replies generally are not, which matters only for comparing with the host, not for training.
 All methods take one row or any leading batch axes.
+
+`symbols` is what the env's `render_symbols` returns: an int32 [R, C] grid for a grid game
+(envs_jax.TextEnv), a {slot name: [width] int32} dict for a free-text game
+(envs_jax.base.FreeTextEnv), whose observation parts then stand where the grid would.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from starpo_jax.text import blocks as bk
 from starpo_jax.text.parse import ParsedReply, ReplyParser, build_parser, parse
@@ -81,24 +86,47 @@ class Codec(flax.struct.PyTreeNode):
     closing_ids: tuple[int, ...] = flax.struct.field(pytree_node=False)
     forced_prefix_ids: tuple[int, ...] = flax.struct.field(pytree_node=False)
     template: PromptTemplate = flax.struct.field(pytree_node=False)
-    grid_shape: tuple[int, int] = flax.struct.field(pytree_node=False)
+    grid_shape: tuple[int, int] = flax.struct.field(pytree_node=False)  # (0, 0): free text
     newline_id: int = flax.struct.field(pytree_node=False)
+    #: Free-text envs: ((slot name, width), ...) of the observation; None for grid envs.
+    slot_widths: tuple[tuple[str, int], ...] | None = flax.struct.field(
+        pytree_node=False, default=None
+    )
 
-    def _grid(self, symbols: jax.Array) -> jax.Array:
-        if tuple(symbols.shape) != self.grid_shape:
-            raise ValueError(
-                f"symbols have shape {symbols.shape}; this codec renders {self.grid_shape} grids"
-            )
-        return bk.flatten_grid(symbols, self.newline_id)
+    def _state(self, symbols: Any) -> dict[str, jax.Array]:
+        """One row's observation slots: {"state": flat grid} or the env's own slots."""
+        if self.slot_widths is None:
+            if tuple(symbols.shape) != self.grid_shape:
+                raise ValueError(
+                    f"symbols have shape {symbols.shape}; this codec renders {self.grid_shape} "
+                    "grids"
+                )
+            return {"state": bk.flatten_grid(symbols, self.newline_id)}
+        got = {name: tuple(jnp.shape(ids)) for name, ids in symbols.items()}
+        want = {name: (width,) for name, width in self.slot_widths}
+        if got != want:
+            raise ValueError(f"observation slots {got}; this codec renders {want}")
+        return {name: jnp.asarray(ids, jnp.int32) for name, ids in symbols.items()}
+
+    def _batch_axes(self, symbols: Any) -> int:
+        if self.slot_widths is None:
+            return symbols.ndim - 2
+        return jnp.ndim(symbols[self.slot_widths[0][0]]) - 1
+
+    def blank_symbols(self) -> Any:
+        """Zero symbols of one row's observation, in the structure `render_symbols` returns."""
+        if self.slot_widths is None:
+            return jnp.zeros(self.grid_shape, jnp.int32)
+        return {name: jnp.zeros((width,), jnp.int32) for name, width in self.slot_widths}
 
     def _observation_row(self, symbols):
-        return self.observation.encode({"state": self._grid(symbols)})
+        return self.observation.encode(self._state(symbols))
 
     def _first_row(self, symbols, actions_left):
         return self.first.encode(
             {
                 "turn": bk.int_symbols(jnp.int32(1)),
-                "state": self._grid(symbols),
+                **self._state(symbols),
                 "actions_left": bk.int_symbols(actions_left),
             }
         )
@@ -108,24 +136,27 @@ class Codec(flax.struct.PyTreeNode):
             {
                 "reward": bk.reward_symbols(reward),
                 "turn": bk.int_symbols(turn),
-                "state": self._grid(symbols),
+                **self._state(symbols),
                 "actions_left": bk.int_symbols(actions_left),
             }
         )
 
-    def render_observation(self, symbols: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """symbols [..., R, C] int32 -> (ids [..., T] int32 (-1 padded), lengths [...] int32)."""
-        return _over_leading(self._observation_row, symbols.ndim - 2, symbols)
+    def render_observation(self, symbols: Any) -> tuple[jax.Array, jax.Array]:
+        """symbols [..., R, C] int32 (or {slot: [..., width]}) -> (ids [..., T] int32 (-1
+        padded), lengths [...] int32)."""
+        return _over_leading(self._observation_row, self._batch_axes(symbols), symbols)
 
-    def first_prompt(
-        self, symbols: jax.Array, actions_left: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
+    def first_prompt(self, symbols: Any, actions_left: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Turn 1's prompt, from the template's start to the assistant header.
 
-        symbols [..., R, C] int32, actions_left [...] int32 -> (ids [..., T], lengths [...]).
+        symbols [..., R, C] int32 (or {slot: [..., width]}), actions_left [...] int32 ->
+        (ids [..., T], lengths [...]).
         """
         return _over_leading(
-            self._first_row, symbols.ndim - 2, symbols, jnp.asarray(actions_left, jnp.int32)
+            self._first_row,
+            self._batch_axes(symbols),
+            symbols,
+            jnp.asarray(actions_left, jnp.int32),
         )
 
     def next_prompt(
@@ -136,7 +167,7 @@ class Codec(flax.struct.PyTreeNode):
         symbols [..., R, C] int32, actions_left [...] int32 -> (ids [..., T], lengths [...])."""
         return _over_leading(
             self._later_row,
-            symbols.ndim - 2,
+            self._batch_axes(symbols),
             jnp.asarray(turn, jnp.int32),
             jnp.asarray(reward, jnp.float32),
             symbols,
@@ -180,17 +211,23 @@ def build_codec(
     if max_tokens is None:
         max_tokens = settings.announced_tokens
     template = PromptTemplate(**{**default_template(mode).__dict__, **template_overrides})
-    rows, cols = jax.eval_shape(
-        lambda key: env.render_symbols(env.reset(key)[0]), jax.random.PRNGKey(0)
-    ).shape
-    symbols = tuple(env.symbol_strings)
-    grids = getattr(env, "symbol_grids", lambda: None)()  # TextEnv: None = any grid
-    state = bk.grid_slot(symbols, rows, cols, grids)
+    free = getattr(env, "observation_parts", None) is not None  # envs_jax.base.FreeTextEnv
+    if free:
+        state = _free_parts(env)
+        rows = cols = 0
+        newline = -1
+    else:
+        rows, cols = jax.eval_shape(
+            lambda key: env.render_symbols(env.reset(key)[0]), jax.random.PRNGKey(0)
+        ).shape
+        grids = getattr(env, "symbol_grids", lambda: None)()  # TextEnv: None = any grid
+        state = [bk.grid_slot(tuple(env.symbol_strings), rows, cols, grids)]
+        newline = len(env.symbol_strings)
     number = lambda name, sample: bk.Slot(name, bk.NUMBER_SYMBOLS, sample)  # noqa: E731
     turn, left = number("turn", bk.sample_int), number("actions_left", bk.sample_int)
     reward = number("reward", bk.sample_reward)
 
-    observation = bk.build_block(tokenizer, [state], verify=max(verify, 1000))
+    observation = bk.build_block(tokenizer, state, verify=max(verify, 1000))
     chat = chat_pieces(tokenizer)
     intro = env_intro(
         template,
@@ -229,6 +266,8 @@ def build_codec(
         separator=template.action_sep,
         max_actions=max_actions_per_turn,
         max_bytes=max_reply_bytes,
+        action_parser=env.parse_action if free else None,
+        action_bytes=env.action_bytes if free else 0,
     )
     return Codec(
         observation=observation,
@@ -239,8 +278,34 @@ def build_codec(
         forced_prefix_ids=encode(template.forced_prefix),
         template=template,
         grid_shape=(rows, cols),
-        newline_id=len(symbols),
+        newline_id=newline,
+        slot_widths=tuple((s.name, s.width) for s in env.slots) if free else None,
     )
+
+
+_TEMPLATE_SLOTS = ("turn", "actions_left", "reward")
+
+
+def _free_parts(env: Any) -> list[str | bk.Slot]:
+    """A free-text env's observation parts as block parts (its TextSlots as Slots)."""
+    parts: list[str | bk.Slot] = []
+    for part in env.observation_parts:
+        if isinstance(part, str):
+            parts.append(part)
+            continue
+        if part.name in _TEMPLATE_SLOTS or part.name == "state":
+            raise ValueError(
+                f"{type(env).__name__}: slot name {part.name!r} is taken by the prompt template "
+                f"(reserved: {('state', *_TEMPLATE_SLOTS)})"
+            )
+        sample = np.asarray(part.sample(np.random.default_rng(0)))
+        if sample.shape != (part.width,):
+            raise ValueError(
+                f"{type(env).__name__}: slot {part.name!r} samples shape {sample.shape}; its "
+                f"width is {part.width}"
+            )
+        parts.append(bk.Slot(part.name, tuple(part.symbols), part.sample))
+    return parts
 
 
 _TOKEN_BYTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -273,8 +338,9 @@ def _over_leading(fn, extra: int, *args):
     return fn(*args)
 
 
-def _split(text: str, slots: dict[str, bk.Slot]) -> list[str | bk.Slot]:
-    """ "a {x} b" -> ["a ", slots["x"], " b"] (fields other than `slots` are an error)."""
+def _split(text: str, slots: dict[str, bk.Slot | list]) -> list[str | bk.Slot]:
+    """ "a {x} b" -> ["a ", slots["x"], " b"] (fields other than `slots` are an error); a field
+    whose value is a list of parts (the observation) is spliced in."""
     parts: list[str | bk.Slot] = []
     rest = text
     while "{" in rest:
@@ -284,5 +350,6 @@ def _split(text: str, slots: dict[str, bk.Slot]) -> list[str | bk.Slot]:
             raise ValueError(
                 f"unknown field {{{name}}} in template text {text!r}; expected {sorted(slots)}"
             )
-        parts += [head, slots[name]]
+        value = slots[name]
+        parts += [head, *(value if isinstance(value, list) else [value])]
     return parts + [rest]

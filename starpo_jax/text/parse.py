@@ -18,14 +18,17 @@ includes the forced prefix):
 - think_tokens: reply tokens overlapping the think content (0 without a match or in nothink).
 - The whole reply is read: the byte window is its token width x the longest token's bytes,
   unless `max_bytes` caps it (then only the first `max_bytes` bytes are read).
+- Free-text envs (an `action_parser`): every kept item is an action; its bytes (the first
+  `action_bytes`, -1 padded, with its full length) go to the env's parser, which returns the
+  action pytree; format_ok = a match and at least one kept item.
 `reference_parse` is the original's code on the decoded text, for tests and logs.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -45,8 +48,9 @@ _KELVIN = "\u212a".encode()
 
 
 class ParsedReply(NamedTuple):
-    """Per row: actions [max_actions] int32 (0 after num_actions), num_actions [] int32,
-    format_ok [] bool, think_tokens [] int32 (leading batch axes as the input's)."""
+    """Per row: actions [max_actions] int32 (0 after num_actions; for free-text envs a pytree
+    with that leading axis), num_actions [] int32, format_ok [] bool, think_tokens [] int32
+    (leading batch axes as the input's)."""
 
     actions: jax.Array
     num_actions: jax.Array
@@ -65,6 +69,11 @@ class ReplyParser(flax.struct.PyTreeNode):
     separator: bytes = flax.struct.field(pytree_node=False)
     max_actions: int = flax.struct.field(pytree_node=False)
     max_bytes: int | None = flax.struct.field(pytree_node=False)  # None: the whole reply
+    #: Free-text envs: item bytes [action_bytes] int32, length [] int32 -> action pytree.
+    action_parser: Callable[[jax.Array, jax.Array], Any] | None = flax.struct.field(
+        pytree_node=False, default=None
+    )
+    action_bytes: int = flax.struct.field(pytree_node=False, default=0)
 
 
 def build_parser(
@@ -75,9 +84,13 @@ def build_parser(
     separator: str = "||",
     max_actions: int = 5,
     max_bytes: int | None = None,
+    action_parser: Callable[[jax.Array, jax.Array], Any] | None = None,
+    action_bytes: int = 0,
 ) -> ReplyParser:
-    """Host: a ReplyParser. Raises ValueError for a separator that overlaps itself irregularly,
-    and for action names that are not ASCII or not distinct ignoring case."""
+    """Host: a ReplyParser; with `action_parser` (free-text envs) items go to it as bytes and
+    `action_names` is ignored. Raises ValueError for a separator that overlaps itself
+    irregularly, for action names that are not ASCII or not distinct ignoring case, or for no
+    action names and no action parser."""
     sep = separator.encode("utf-8")
     borders = [k for k in range(1, len(sep)) if sep[:k] == sep[-k:]]
     if borders and len(set(sep)) != 1:
@@ -85,15 +98,18 @@ def build_parser(
             f"action separator {separator!r} overlaps itself; use one without a repeated "
             "border (e.g. '||', '|', ';')"
         )
-    if not all(n.isascii() and n for n in action_names) or len(
-        {n.lower() for n in action_names}
-    ) != len(action_names):
+    if action_parser is not None and action_bytes < 1:
+        raise ValueError(f"action_bytes must be >= 1 with an action parser; got {action_bytes}")
+    if action_parser is None and (not all(n.isascii() and n for n in action_names) or len(
+            {n.lower() for n in action_names}) != len(action_names)):
         raise ValueError(
             f"action names {tuple(action_names)} must be non-empty, ASCII and distinct ignoring "
             "case (the parser lower-cases ASCII only)"
         )
-    encoded = [n.lower().encode("utf-8") for n in action_names]
-    width = max(len(e) for e in encoded)
+    encoded = [] if action_parser is not None else [n.lower().encode("utf-8") for n in action_names]
+    if action_parser is None and not encoded:
+        raise ValueError("no action names and no action parser: nothing to parse replies into")
+    width = max((len(e) for e in encoded), default=1)
     names = np.full((len(encoded), width), -1, np.int32)
     for i, e in enumerate(encoded):
         names[i, : len(e)] = np.frombuffer(e, np.uint8)
@@ -106,6 +122,8 @@ def build_parser(
         separator=sep,
         max_actions=max_actions,
         max_bytes=max_bytes,
+        action_parser=action_parser,
+        action_bytes=action_bytes,
     )
 
 
@@ -229,7 +247,24 @@ def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     present = last >= 0
     rank = jnp.cumsum(present) - 1
     kept = present & (rank < p.max_actions)
+    if p.action_parser is not None:
+        actions, num_actions = _free_items(p, chars, first, last, kept, rank)
+        format_ok = matched & (num_actions > 0)
+    else:
+        actions, num_actions, format_ok = _named_items(p, chars, first, last, kept, matched)
 
+    if p.think:
+        starts = ends - lens
+        overlap = (lens > 0) & (starts < e) & (ends > t0 + 7)
+        think_tokens = jnp.where(matched, jnp.sum(overlap), 0).astype(jnp.int32)
+    else:
+        think_tokens = jnp.int32(0)
+    return ParsedReply(actions, num_actions, format_ok, think_tokens)
+
+
+def _named_items(p: ReplyParser, chars, first, last, kept, matched):
+    """Kept items matched against the action names: (actions [A], count, format_ok)."""
+    n = p.max_bytes
     width = p.names.shape[1]
     word = text[jnp.clip(first[:, None] + jnp.arange(width), 0, n - 1)]  # [items, Mx]
     word = jnp.where((word >= ord("A")) & (word <= ord("Z")), word + 32, word)
@@ -244,14 +279,22 @@ def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     actions = jnp.zeros((p.max_actions,), jnp.int32).at[slot].set(action, mode="drop")
     num_actions = jnp.sum(valid).astype(jnp.int32)
     format_ok = matched & (num_actions > 0) & (num_actions == jnp.sum(kept))
+    return actions, num_actions, format_ok
 
-    if p.think:
-        starts = ends - lens
-        overlap = (lens > 0) & (starts < e) & (ends > t0 + 7)
-        think_tokens = jnp.where(matched, jnp.sum(overlap), 0).astype(jnp.int32)
-    else:
-        think_tokens = jnp.int32(0)
-    return ParsedReply(actions, num_actions, format_ok, think_tokens)
+
+def _free_items(p: ReplyParser, chars, first, last, kept, rank):
+    """Kept items as bytes through the env's parser: (actions pytree [A, ...], count)."""
+    n, width = p.max_bytes, p.action_bytes
+    item = jnp.zeros((p.max_actions,), jnp.int32).at[jnp.where(kept, rank, p.max_actions)].set(
+        jnp.arange(first.shape[0], dtype=jnp.int32), mode="drop"
+    )
+    count = jnp.sum(kept).astype(jnp.int32)
+    used = jnp.arange(p.max_actions) < count
+    length = jnp.where(used, last[item] - first[item] + 1, 0).astype(jnp.int32)
+    j = jnp.arange(width)
+    text = chars[jnp.clip(first[item][:, None] + j, 0, n - 1)]
+    text = jnp.where(j < length[:, None], text, -1)
+    return jax.vmap(p.action_parser)(text, length), count
 
 
 def parse(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
