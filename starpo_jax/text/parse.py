@@ -248,10 +248,10 @@ def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     rank = jnp.cumsum(present) - 1
     kept = present & (rank < p.max_actions)
     if p.action_parser is not None:
-        actions, num_actions = _free_items(p, chars, first, last, kept, rank)
+        actions, num_actions = _free_items(p, text, first, last, kept, rank)
         format_ok = matched & (num_actions > 0)
     else:
-        actions, num_actions, format_ok = _named_items(p, chars, first, last, kept, matched)
+        actions, num_actions, format_ok = _named_items(p, text, first, last, kept, matched)
 
     if p.think:
         starts = ends - lens
@@ -262,9 +262,10 @@ def parse_row(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
     return ParsedReply(actions, num_actions, format_ok, think_tokens)
 
 
-def _named_items(p: ReplyParser, chars, first, last, kept, matched):
-    """Kept items matched against the action names: (actions [A], count, format_ok)."""
-    n = p.max_bytes
+def _named_items(p: ReplyParser, text, first, last, kept, matched):
+    """Kept items of the answer text [N] (positions first/last [items]) matched against the
+    action names: (actions [A], count, format_ok)."""
+    n = text.shape[0]
     width = p.names.shape[1]
     word = text[jnp.clip(first[:, None] + jnp.arange(width), 0, n - 1)]  # [items, Mx]
     word = jnp.where((word >= ord("A")) & (word <= ord("Z")), word + 32, word)
@@ -282,9 +283,10 @@ def _named_items(p: ReplyParser, chars, first, last, kept, matched):
     return actions, num_actions, format_ok
 
 
-def _free_items(p: ReplyParser, chars, first, last, kept, rank):
-    """Kept items as bytes through the env's parser: (actions pytree [A, ...], count)."""
-    n, width = p.max_bytes, p.action_bytes
+def _free_items(p: ReplyParser, text, first, last, kept, rank):
+    """Kept items of the answer text [N] as bytes through the env's parser: (actions pytree
+    [A, ...], count)."""
+    n, width = text.shape[0], p.action_bytes
     item = jnp.zeros((p.max_actions,), jnp.int32).at[jnp.where(kept, rank, p.max_actions)].set(
         jnp.arange(first.shape[0], dtype=jnp.int32), mode="drop"
     )
@@ -292,9 +294,9 @@ def _free_items(p: ReplyParser, chars, first, last, kept, rank):
     used = jnp.arange(p.max_actions) < count
     length = jnp.where(used, last[item] - first[item] + 1, 0).astype(jnp.int32)
     j = jnp.arange(width)
-    text = chars[jnp.clip(first[item][:, None] + j, 0, n - 1)]
-    text = jnp.where(j < length[:, None], text, -1)
-    return jax.vmap(p.action_parser)(text, length), count
+    item_bytes = text[jnp.clip(first[item][:, None] + j, 0, n - 1)]
+    item_bytes = jnp.where(j < length[:, None], item_bytes, -1)
+    return jax.vmap(p.action_parser)(item_bytes, length), count
 
 
 def parse(p: ReplyParser, ids: jax.Array, length: jax.Array) -> ParsedReply:
