@@ -10,7 +10,9 @@ Inside `step`: rollout (P x N trajectories) -> uncertainty filter on the summed 
 forward for old log-probs (and critic values), advantages from the registry, ppo_epochs x
 minibatches of AdamW updates (lax.scan; a minibatch's gradient may be summed over
 optim.micro_batches row slices, and the forwards without a gradient run in as many slices,
-for memory) } -> a flat dict of float32 metrics. The reference
+for memory) } -> a flat dict of float32 metrics. A minibatch update whose loss or gradients
+are not finite leaves the weights and optimiser state as they were (apply_if_finite) and is
+counted in actor/skipped_updates (critic/skipped_updates). The reference
 forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
 Parameters are arguments of the compiled function, never constants inside it.
 """
@@ -37,6 +39,8 @@ from starpo_jax.rollout import Rollout, chunked_rollout
 from starpo_jax.text.codec import Codec
 
 Metrics = dict[str, jax.Array]
+# Per step: how many minibatch updates were dropped for a non-finite loss or gradient.
+SKIPPED_UPDATES = ("actor/skipped_updates", "critic/skipped_updates")
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -106,6 +110,26 @@ def in_row_slices(fn: Callable[[Any], Any], batch: Any, pieces: int) -> Any:
     if pieces == 1:
         return fn(batch)
     return _merge_rows(jax.lax.map(fn, _split_rows(batch, pieces)))
+
+
+def apply_if_finite(tx: optax.GradientTransformation, grads: Any, opt_state: optax.OptState,
+                    params: Any, loss: jax.Array, grad_norm: jax.Array,
+                    ) -> tuple[Any, optax.OptState, jax.Array]:
+    """tx's update of (params, opt_state) from grads, or both returned unchanged when the loss
+    [] or the gradients' global norm [] is not finite (a NaN / inf anywhere in the gradients
+    makes their norm non-finite). The choice is a select inside the compiled step, not a host
+    round trip. Returns (params, opt_state, skipped: [] float32, 1.0 when the update was
+    dropped).
+
+    optax.apply_if_finite is not used: it adds counters to the optimiser state (checkpoints of
+    older runs would no longer restore) and does not see the loss.
+    """
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state),
+            1.0 - finite.astype(jnp.float32))
 
 
 def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> TrainState:
@@ -273,6 +297,7 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
     else:
         constrain = lambda tree: tree  # noqa: E731
 
+    updates_per_step = opt.rollout_reuse * opt.ppo_epochs * opt.minibatches
     slots = config.rollout.max_turns * config.rollout.reply_tokens
     chunk = min(opt.logit_chunk, slots)
 
@@ -324,18 +349,19 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
         normaliser = aggregate_normaliser(mb["rollout"].loss_mask, cfg.loss.agg)
         grads, (logp, entropy) = accumulated_grad(
             lambda p, b: actor_loss(p, b, normaliser), state.actor, mb, opt.micro_batches)
-        _, aux = actor_objective(logp, entropy, mb, normaliser)
+        loss, aux = actor_objective(logp, entropy, mb, normaliser)
         aux["actor/grad_norm"] = optax.tree.norm(grads)
-        updates, actor_opt = actor_tx.update(grads, state.actor_opt, state.actor)
-        state = state.replace(actor=optax.apply_updates(state.actor, updates), actor_opt=actor_opt)
+        actor, actor_opt, aux["actor/skipped_updates"] = apply_if_finite(
+            actor_tx, grads, state.actor_opt, state.actor, loss, aux["actor/grad_norm"])
+        state = state.replace(actor=actor, actor_opt=actor_opt)
         if ppo:
             grads, values = accumulated_grad(
                 lambda p, b: critic_loss(p, b, normaliser), state.critic, mb, opt.micro_batches)
-            _, critic_aux = critic_objective(values, mb, normaliser)
+            loss, critic_aux = critic_objective(values, mb, normaliser)
             aux.update(critic_aux, **{"critic/grad_norm": optax.tree.norm(grads)})
-            updates, critic_opt = critic_tx.update(grads, state.critic_opt, state.critic)
-            state = state.replace(critic=optax.apply_updates(state.critic, updates),
-                                  critic_opt=critic_opt)
+            critic, critic_opt, aux["critic/skipped_updates"] = apply_if_finite(
+                critic_tx, grads, state.critic_opt, state.critic, loss, aux["critic/grad_norm"])
+            state = state.replace(critic=critic, critic_opt=critic_opt)
         return state, aux
 
     def update_round(state: TrainState, key, batch: Rollout, ref_logp):
@@ -386,6 +412,9 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
         state, aux = jax.lax.scan(round_, state, jax.random.split(update_key, opt.rollout_reuse))
         metrics = rollout_metrics(out, batch, selection.group_std, selection.indices)
         metrics.update(jax.tree.map(jnp.mean, aux))
+        for name in SKIPPED_UPDATES:  # averaged over the updates like the rest: back to a count
+            if name in metrics:
+                metrics[name] = jnp.round(metrics[name] * updates_per_step)
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics
 
