@@ -24,6 +24,8 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.logging import JsonlWriter  # noqa: E402
+from starpo_jax.monitor import CollapseMonitor, MonitorConfig  # noqa: E402
 from starpo_jax.train import apply_if_finite, make_train_step  # noqa: E402
 from starpo_jax.workdir import RunFault, WorkdirLock, check_free_space  # noqa: E402
 from test_api import tiny_experiment  # noqa: E402
@@ -267,3 +269,18 @@ def test_kill_9_at_random_moments_loses_nothing(tmp_path):
     assert fault_kill.check(records, refused, rows, reference) == [], fault_kill.table(records)
     assert any(k.moment == "mid-save" for k in records)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
+
+
+def test_the_monitor_alerts_once_per_run_of_skipped_updates():
+    monitor = CollapseMonitor(MonitorConfig(warmup=5))
+    counts = [0, 1, 2, 0, 1]  # actor/skipped_updates per step: alerts at steps 2 and 5
+    fired = [[a.kind for a in monitor.update(step, {"actor/skipped_updates": n})]
+             for step, n in enumerate(counts, 1)]
+    assert fired == [[], ["skipped_update"], [], [], ["skipped_update"]]
+
+
+def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 3, "x"')
+    JsonlWriter(path, first_step=2).close()
+    assert path.read_text() == '{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n'
