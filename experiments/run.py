@@ -15,6 +15,13 @@ any env) trains through starpo_jax.host_train: its rollout steps the env on the 
 update is compiled (no evaluation). `--resume` continues from the newest checkpoint and gives
 the same metrics as a run never stopped. SIGINT / SIGTERM finish
 the current step, save and exit 0.
+Faults (each one line on stderr and exit 1, nothing half-written is ever loaded): a workdir in
+use by another live run (run.lock; a killed run's lock is taken over), unwritable or without
+space for a checkpoint, made by another config, or with a damaged checkpoint is refused before
+training; a failed save stops the run with the previous checkpoint kept; `max_skipped_steps`
+steps in a row that dropped updates as non-finite (train.apply_if_finite) save and stop the
+run. A kill at any moment (kill -9 included) leaves the newest complete checkpoint to
+--resume from (experiments/fault_kill.py tries it).
 The collapse monitor (config monitor.*, starpo_jax.monitor) prints its alerts and appends them
 to alerts.jsonl; its action "stop" or "raise_filter" saves and ends the run (exit 0).
 Multi-process (multi-host) runs start with starpo_jax.distributed.maybe_initialize (the
@@ -25,7 +32,7 @@ config.json, metrics, events, alerts, samples and the console lines.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import signal
 import sys
@@ -59,11 +66,14 @@ from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.evaluation import Evaluator, summary_table  # noqa: E402
 from starpo_jax.logging import Writers, open_writers  # noqa: E402
 from starpo_jax.monitor import RunMonitor  # noqa: E402
+from starpo_jax.train import SKIPPED_UPDATES  # noqa: E402
+from starpo_jax.workdir import (RunFault, WorkdirLock, check_config, check_free_space,  # noqa: E402
+                                write_atomically)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # Keys a resumed run may change: they do not alter the numbers of any step.
 RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
-                     "sample_every", "eval", "check_memory", "progress_after")
+                     "sample_every", "eval", "check_memory", "progress_after", "max_skipped_steps")
 
 # The collapse monitor's settings, and filter.keep_ratio so that a run stopped by its
 # "raise_filter" action goes on with the suggested value (the steps after the resume change).
@@ -101,51 +111,36 @@ def stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(s, h)
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    """{"filter": {"keep_ratio": 0.25}} -> {"filter.keep_ratio": 0.25}."""
-    out = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict)
-                   else {prefix + key: value})
-    return out
-
-
-def _resumable(key: str) -> bool:
-    return any(key == r or key.startswith(r + ".") for r in RESUMABLE_CHANGES)
-
-
-def _check_workdir_config(path: Path, config: dict, resume: bool) -> None:
-    if not (resume and path.exists()):
-        return
-    saved, config = _flat(json.loads(path.read_text())), _flat(config)
-    changed = sorted(k for k in set(saved) | set(config)
-                     if not _resumable(k) and saved.get(k) != config.get(k))
-    if changed:
-        raise ValueError(f"--resume with a config that differs from {path} in {changed}; only "
-                         f"{list(RESUMABLE_CHANGES)} may change when resuming")
-
-
 def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
           stop: threading.Event | None = None) -> int:
     """Runs exp.config.steps iterations of `exp` (resuming from workdir's newest checkpoint if
     `resume`), logging and checkpointing under `workdir`. Stops early, after saving, when `stop`
     is set or the collapse monitor's action asks it to (starpo_jax.monitor). Returns the number
-    of steps done. In a multi-process run only process 0 writes logs; all save checkpoints."""
-    c = exp.config
+    of steps done. In a multi-process run only process 0 writes logs and holds the workdir's
+    lock; all save checkpoints. Raises RunFault on the faults of the module docstring."""
     primary = jax.process_index() == 0
-    workdir.mkdir(parents=True, exist_ok=True)
+    with WorkdirLock(workdir) if primary else contextlib.nullcontext():
+        return _train(exp, workdir, resume, stop, primary)
+
+
+def _train(exp: api.Experiment, workdir: Path, resume: bool, stop: threading.Event | None,
+           primary: bool) -> int:
+    c = exp.config
     config_path = workdir / "config.json"
-    _check_workdir_config(config_path, c.to_dict(), resume)
     checkpoints = Checkpoints(workdir / "checkpoints", c.checkpoint_every, c.keep_checkpoints)
+    check_config(config_path, c.to_dict(), resume, RESUMABLE_CHANGES,
+                 has_checkpoints=checkpoints.latest_step is not None)
     if checkpoints.latest_step is not None and not resume:
         raise FileExistsError(f"{workdir} already holds checkpoints (newest: step "
                               f"{checkpoints.latest_step}); pass --resume or another --workdir")
     exp.state = exp.fresh_state() if exp.steps_done else exp.state
     if resume:
         exp.state = checkpoints.restore_latest(like=exp.state) or exp.state
+    check_free_space(workdir, sum(x.nbytes for x in jax.tree.leaves(exp.state)))
     if primary:
-        config_path.write_text(c.to_json(indent=2) + "\n")
+        write_atomically(config_path, c.to_json(indent=2) + "\n")
     first = exp.steps_done
+    skipped = 0  # steps in a row that dropped updates
     writers = open_writers(workdir, c.steps, first, console_every=c.log_every) if primary \
         else Writers([])
     monitor = RunMonitor(workdir, c if primary else _silent_monitor(c), first)
@@ -161,12 +156,25 @@ def train(exp: api.Experiment, workdir: Path, *, resume: bool = False,
             metrics.update(monitor.observe(exp.steps_done, metrics))
             writers.write(exp.steps_done, metrics)
             checkpoints.maybe_save(exp.state)
+            skipped = skipped + 1 if any(metrics.get(k, 0) > 0 for k in SKIPPED_UPDATES) else 0
+            if c.max_skipped_steps and skipped >= c.max_skipped_steps:
+                checkpoints.maybe_save(exp.state, force=True)
+                raise RunFault(_skipped_message(exp.steps_done, skipped))
         checkpoints.maybe_save(exp.state, force=True)
     finally:
         writers.close()
         checkpoints.close()
         monitor.close()
     return exp.steps_done
+
+
+def _skipped_message(step: int, skipped: int) -> str:
+    last_good = step - skipped
+    return (f"steps {last_good + 1}-{step} dropped their updates: the loss or gradients were not "
+            f"finite (actor/skipped_updates, alerts.jsonl); stopped at max_skipped_steps = "
+            f"{skipped}. The checkpoint of step {step} holds the weights and optimiser state of "
+            f"step {last_good}. Find the NaN's source (rewards, optim.actor_lr) and --resume, or "
+            f"start again from a new --workdir")
 
 
 def _silent_monitor(config: api.ConfigDict) -> api.ConfigDict:
@@ -216,18 +224,22 @@ def _main(argv: list[str]) -> None:
     if processes > 1:
         say(f"{processes} processes, {jax.device_count()} devices", flush=True)
     say(f"config {flags.FLAGS['config'].config_filename} -> {_WORKDIR.value}", flush=True)
-    exp = api.build(config)
-    # A host env's step is host code around a jitted update: there is no one program to size.
-    if config.check_memory and config.env.name not in envs_host.names():
-        say(f"train step compiled: {api.check_memory(exp, any_process)}", flush=True)
-    with stop_on_signals() as stop:
-        done = train(exp, Path(_WORKDIR.value), resume=_RESUME.value, stop=stop)
+    workdir = Path(_WORKDIR.value)
+    # Taken before the slow part, so that a second run on the workdir is refused at once.
+    with WorkdirLock(workdir, say) if process == 0 else contextlib.nullcontext():
+        exp = api.build(config)
+        # A host env's step is host code around a jitted update: there is no one program to size.
+        if config.check_memory and config.env.name not in envs_host.names():
+            say(f"train step compiled: {api.check_memory(exp, any_process)}", flush=True)
+        with stop_on_signals() as stop:
+            done = train(exp, workdir, resume=_RESUME.value, stop=stop)
     say(f"{done}/{config.steps} steps; workdir {_WORKDIR.value}", flush=True)
 
 
 def main() -> None:
     cli.run_app(_main, resolve_config_arg(sys.argv),
-                errors=(ValueError, FileNotFoundError, MemoryError), config_dir=CONFIG_DIR)
+                errors=(ValueError, FileNotFoundError, MemoryError, RunFault, FileExistsError),
+                config_dir=CONFIG_DIR)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,8 @@ def default_config() -> ConfigDict:
     "greedy" and/or "sampled" (at eval.temperature, eval.pass_k rollouts per initial state).
     mesh.tp: the tensor-parallel size when the run sees several devices (starpo_jax.sharding:
     every device of every process, len(jax.devices()) // tp of them on "fsdp").
+    max_skipped_steps: experiments/run.py saves and stops after this many steps in a row whose
+    updates were dropped for a non-finite loss or gradient (0 = never stops for that).
     check_memory: experiments/run.py compiles the step first and stops, naming the settings
     that shrink it, if XLA's memory plan exceeds the free memory (starpo_jax.memory).
     progress_after: seconds into a step after which each phase's end (rollout chunk, rollout,
@@ -123,6 +125,7 @@ def default_config() -> ConfigDict:
     c.eval.update(envs="", modes=",".join(EvalConfig.modes))
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
+    c.max_skipped_steps = 3
     c.check_memory = True
     c.progress_after = 60
     c.monitor = ConfigDict(dataclasses.asdict(MonitorConfig()))
@@ -220,7 +223,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
                              ("mesh.tp", full.mesh.tp, 1),
                              ("prompt.verify", full.prompt.verify, 0)):
         _require(name, value, _is_int(value, low), f"an int >= {low}")
-    for name in ("eval_every", "sample_every", "progress_after"):
+    for name in ("eval_every", "sample_every", "progress_after", "max_skipped_steps"):
         _require(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
     for name in ("vanilla", "nothink", "check_memory"):
         _require(name, full[name], isinstance(full[name], bool), "True or False")

@@ -40,8 +40,12 @@ class JsonlWriter:
     def __init__(self, path: Path, first_step: int = 0):
         kept = []
         if path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= first_step]
+            lines = [line for line in path.read_text().splitlines() if line.strip()]
+            if lines and not _is_json(lines[-1]):
+                # Cut short by a kill or a full disk; it was written after the last checkpoint,
+                # whose step lines all ended before the checkpoint was saved.
+                lines.pop()
+            kept = [line for line in lines if json.loads(line)["step"] <= first_step]
         path.write_text("".join(line + "\n" for line in kept))
         self._file = path.open("a")
 
@@ -51,6 +55,14 @@ class JsonlWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
 
 
 class TensorBoardWriter:

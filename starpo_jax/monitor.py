@@ -19,9 +19,12 @@ of s over the steps after the first `warmup` (no alert comes before).
 - "grad_spike": the raw actor/grad_norm g > spike * the median of the GRAD_WINDOW raw grad
   norms before it (a median, so one spike does not raise the bar for the next), or g is not
   finite.
+- "skipped_update": the step dropped updates whose loss or gradients were not finite
+  (actor/skipped_updates or critic/skipped_updates > 0, train.apply_if_finite); no warmup.
 An alert fires once per episode of its condition: an echo-trap alert re-arms when its series
 has climbed back half way, to (1 - drop / 2) * peak (hysteresis, so a series hovering at the
-threshold does not fire every other step); a spike alert when g is back under its threshold.
+threshold does not fire every other step); a spike alert when g is back under its threshold;
+a skipped-update alert after a step that skipped none.
 
 RunMonitor is the run's side (experiments/run.py): alerts on the console and in alerts.jsonl,
 the configured action, and the state rebuilt from metrics.jsonl when a run is resumed.
@@ -40,6 +43,7 @@ from typing import Any, Mapping, TextIO
 from starpo_jax.config import _choice, _fail, _int, _number
 from starpo_jax.filtering import num_kept_groups
 from starpo_jax.logging import METRICS_FILE, JsonlWriter
+from starpo_jax.train import SKIPPED_UPDATES
 
 ACTIONS = ("warn", "stop", "raise_filter")
 REWARD_MEAN = "rollout/reward_mean"
@@ -83,7 +87,7 @@ class Alert:
     """One alert. value: the smoothed series (echo_trap) or the raw grad norm (grad_spike);
     reference: the peak it fell from, or the median it spiked over (None if there was none)."""
 
-    kind: str  # "echo_trap" | "grad_spike"
+    kind: str  # "echo_trap" | "grad_spike" | "skipped_update"
     step: int
     metric: str
     value: float
@@ -116,7 +120,7 @@ class CollapseMonitor:
         self.config = config
         self._seen = 0
         self._series = {name: _Series() for name in (*FALLING, REWARD_MEAN)}
-        self._armed = {name: True for name in (*FALLING, GRAD_NORM)}
+        self._armed = {name: True for name in (*FALLING, GRAD_NORM, *SKIPPED_UPDATES)}
         self._grad_norms: collections.deque[float] = collections.deque(maxlen=GRAD_WINDOW)
         self._grad_ref: float | None = None
         self._alerted = False
@@ -131,6 +135,8 @@ class CollapseMonitor:
         alerts = [self._echo_trap(step, name) for name in FALLING]
         if GRAD_NORM in metrics:
             alerts.append(self._grad_spike(step, float(metrics[GRAD_NORM]), past_warmup))
+        alerts += [self._skipped(step, name, float(metrics[name])) for name in SKIPPED_UPDATES
+                   if name in metrics]
         fired = [alert for alert in alerts if alert is not None]
         self._alerted = bool(fired)
         return fired
@@ -192,6 +198,18 @@ class CollapseMonitor:
             message = (f"{GRAD_NORM} = {norm:.3g} is {norm / ref:.1f}x the median {ref:.3g} of "
                        f"the last {window} steps (threshold {self.config.spike:g}x)")
         return Alert("grad_spike", step, GRAD_NORM, norm, ref, message)
+
+
+    def _skipped(self, step: int, name: str, count: float) -> Alert | None:
+        if count <= 0:
+            self._armed[name] = True
+            return None
+        if not self._armed[name]:
+            return None
+        self._armed[name] = False
+        message = (f"{name} = {count:g}: the loss or gradients were not finite, so those "
+                   f"updates were dropped (weights and optimiser state kept)")
+        return Alert("skipped_update", step, name, count, None, message)
 
 
 def suggest_keep_ratio(keep_ratio: float, groups: int) -> float | None:

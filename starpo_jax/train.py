@@ -15,7 +15,9 @@ rewards (K of P groups kept, static shapes [K * N, L]) -> Online-k rounds of { o
 and critic values with the current weights, advantages from the registry, ppo_epochs passes of
 mini-batches of `optim.minibatch_rows` rows (AdamW; a mini-batch's gradient may be summed over
 optim.micro_batches row slices, and the forwards without a gradient run in as many slices) }
--> a flat dict of float32 metrics. With exactly one update on a rollout (one mini-batch, one
+-> a flat dict of float32 metrics. A mini-batch update whose loss or gradients are not finite
+leaves the weights and optimiser state as they were and is counted (actor/skipped_updates,
+critic/skipped_updates). With exactly one update on a rollout (one mini-batch, one
 epoch, k = 1) the ratio is 1 by construction and the separate old-log-prob forward is skipped.
 The reference forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
 Parameters are arguments of the compiled function, never constants inside it.
@@ -46,6 +48,9 @@ from starpo_jax.rollout import Rollout, chunked_rollout
 from starpo_jax.text.codec import Codec
 
 Metrics = dict[str, jax.Array]
+# Per step: how many mini-batch updates were dropped for a non-finite loss or gradient (sums
+# over the updates, where every other update metric is a mean).
+SKIPPED_UPDATES = ("actor/skipped_updates", "critic/skipped_updates")
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -98,14 +103,22 @@ def _graphdef(model: Decoder, *, value_head: bool, remat: bool) -> nnx.GraphDef:
     return nnx.graphdef(abstract)
 
 
-def apply_if(flag: jax.Array, tx: optax.GradientTransformation, grads: Any,
-             opt_state: optax.OptState, params: Any) -> tuple[Any, optax.OptState]:
-    """(params, opt_state) after one step of tx, or both unchanged where flag ([] bool) is
-    False: a mini-batch without a kept token makes no step, as in the original, which never
-    forms it (AdamW's momentum and weight decay move the weights even at a zero gradient)."""
+def apply_if(used: jax.Array, tx: optax.GradientTransformation, grads: Any,
+             opt_state: optax.OptState, params: Any, loss: jax.Array, grad_norm: jax.Array,
+             ) -> tuple[Any, optax.OptState, jax.Array]:
+    """(params, opt_state) after one step of tx, or both unchanged (a select inside the
+    compiled step) when the mini-batch is not `used` ([] bool: it holds no kept token; the
+    original never forms it, and AdamW's momentum and weight decay would move the weights even
+    at a zero gradient) or when the loss [] or the gradients' global norm [] is not finite.
+    Returns (params, opt_state, skipped [] float32: 1.0 when a used update was dropped as
+    non-finite). optax.apply_if_finite is not used: it adds counters to the optimiser state
+    (older checkpoints would not restore) and does not see the loss."""
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt = tx.update(grads, opt_state, params)
     new = (optax.apply_updates(params, updates), new_opt)
-    return jax.tree.map(lambda n, o: jnp.where(flag, n, o), new, (params, opt_state))
+    params, opt_state = jax.tree.map(lambda n, o: jnp.where(used & finite, n, o), new,
+                                     (params, opt_state))
+    return params, opt_state, (used & ~finite).astype(jnp.float32)
 
 
 def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> TrainState:
@@ -286,19 +299,22 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         used = mb["rollout"].loss_mask.any()
         grads, (logp, entropy) = accumulated_grad(
             lambda p, b: actor_loss(p, b, normaliser), state.actor, mb, opt.micro_batches)
-        _, aux = actor_objective(logp, entropy, mb, normaliser)
+        loss, aux = actor_objective(logp, entropy, mb, normaliser)
         if "old_logp" not in mb:  # the one update: these log-probs are the pre-update ones
             aux.update(logprob_diff(mb["rollout"].behaviour_logp, logp, mb["rollout"].loss_mask))
         aux["actor/grad_norm"] = optax.tree.norm(grads)
-        actor, actor_opt = apply_if(used, actor_tx, grads, state.actor_opt, state.actor)
+        actor, actor_opt, aux["actor/skipped_updates"] = apply_if(
+            used, actor_tx, grads, state.actor_opt, state.actor, loss, aux["actor/grad_norm"])
         state = state.replace(actor=actor, actor_opt=actor_opt)
         aux["used"] = used
         if ppo:
             grads, values = accumulated_grad(
                 lambda p, b: critic_loss(p, b, normaliser), state.critic, mb, opt.micro_batches)
-            _, critic_aux = critic_objective(values, mb, normaliser)
+            loss, critic_aux = critic_objective(values, mb, normaliser)
             aux.update(critic_aux, **{"critic/grad_norm": optax.tree.norm(grads)})
-            critic, critic_opt = apply_if(used, critic_tx, grads, state.critic_opt, state.critic)
+            critic, critic_opt, aux["critic/skipped_updates"] = apply_if(
+                used, critic_tx, grads, state.critic_opt, state.critic, loss,
+                aux["critic/grad_norm"])
             state = state.replace(critic=critic, critic_opt=critic_opt)
         return state, aux
 
@@ -347,8 +363,10 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
 
         state, aux = jax.lax.scan(epoch, state, jax.random.split(key, opt.ppo_epochs))
         state = mark(phase_clock, "update", state)
+        skipped = {k: aux.pop(k).sum() for k in SKIPPED_UPDATES if k in aux}
         used = aux.pop("used").astype(jnp.float32)  # means over the mini-batches that updated
         aux = jax.tree.map(lambda v: jnp.sum(v * used) / jnp.maximum(used.sum(), 1.0), aux)
+        aux.update(skipped)
         if batch.old_logp is not None:
             aux.update(logprob_diff(batch.rollout.behaviour_logp, batch.old_logp,
                                     batch.rollout.loss_mask))
@@ -368,7 +386,8 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
                 return update(state, prepare(state, out, batch.ref_logp), round_key)
 
             state, more = jax.lax.scan(again, state, keys[1:])
-            aux = {k: (v + more[k].sum()) / opt.rollout_reuse for k, v in aux.items()}
+            aux = {k: (v + more[k].sum()) / (1 if k in SKIPPED_UPDATES else opt.rollout_reuse)
+                   for k, v in aux.items()}
         metrics = rollout_metrics(out, batch)
         metrics.update(aux, **collapse)
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}

@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.logging import ConsoleProgress, JsonlWriter, format_duration, trend_line  # noqa: E402,E501
+from starpo_jax.workdir import RunFault  # noqa: E402
 from test_api import ISSUE_METRICS, tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +62,7 @@ def test_workdir_guards(tmp_path):
     exp = tiny_experiment()
     exp.config.seed = 1
     try:
-        with pytest.raises(ValueError, match=r"differs from .* in \['seed'\]"):
+        with pytest.raises(RunFault, match=r"differs from .* in \['seed'\]: seed: 0 there, 1 here"):
             run.train(exp, tmp_path, resume=True)
     finally:
         exp.config.seed = 0

@@ -1,0 +1,165 @@
+"""A run's workdir: one run at a time, writable, and holding what its config.json says.
+
+    with WorkdirLock(workdir):                  # a second run on the workdir fails at once
+        check_config(workdir / "config.json", config.to_dict(), resume, RESUMABLE)
+        check_free_space(workdir, checkpoint_bytes)
+        write_atomically(workdir / "config.json", text)
+
+Every failure here is a RunFault: one line saying what is wrong and how to go on, for the
+command line to print without a traceback (experiments/run.py).
+
+The lock is an flock(2) on <workdir>/run.lock, which the kernel drops when its process ends,
+however it ends: a killed or crashed run never leaves the workdir locked. The file names its
+holder; a run that finds the name of a holder that is gone (it did not end cleanly) takes the
+lock over and says so.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+LOCK_FILE = "run.lock"
+
+
+class RunFault(RuntimeError):
+    """A fault of the run's surroundings (workdir, disk, a diverged update) in one line: what
+    happened, what was kept, and how to go on."""
+
+
+_held: dict[Path, int] = {}  # workdir -> nesting depth of this process's WorkdirLocks on it
+
+
+class WorkdirLock:
+    """Exclusive use of `workdir` by this process (re-entrant within it); creates the workdir.
+
+    Raises RunFault when another live process holds it, or when the workdir cannot be created
+    or written (checked here, before anything slow happens). `say` reports a lock taken over
+    from a holder that ended without releasing it.
+    """
+
+    def __init__(self, workdir: Path, say: Callable[[str], None] = print):
+        self.workdir, self._say = Path(workdir).absolute(), say
+        self._fd: int | None = None
+
+    def __enter__(self) -> WorkdirLock:
+        if self.workdir in _held:
+            _held[self.workdir] += 1
+            return self
+        path = self.workdir / LOCK_FILE
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise RunFault(f"workdir {self.workdir} is not writable ({error.strerror or error}): "
+                           "fix its permissions or pass another --workdir") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd) or "another process"
+            os.close(fd)
+            raise RunFault(f"workdir {self.workdir} is in use by {holder}: wait for that run to "
+                           "end, or pass another --workdir") from None
+        previous = _read(fd)
+        if previous:
+            self._say(f"workdir {self.workdir}: taking over the lock of {previous}, which ended "
+                      "without releasing it (killed or crashed)")
+        try:
+            _write(fd, f"run pid {os.getpid()} on {socket.gethostname()}, since "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+        except OSError as error:
+            os.close(fd)
+            raise RunFault(f"workdir {self.workdir} is not writable ({error.strerror}): free "
+                           "space, fix its permissions or pass another --workdir") from None
+        self._fd = fd
+        _held[self.workdir] = 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _held[self.workdir] -= 1
+        if _held[self.workdir] or self._fd is None:
+            return
+        del _held[self.workdir]
+        try:
+            _write(self._fd, "")  # empty: released cleanly, nothing to take over
+        except OSError:
+            pass  # the kernel still drops the lock below; the next run reports a takeover
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _read(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, 4096).decode(errors="replace").strip()
+
+
+def _write(fd: int, text: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode(), 0)
+    os.fsync(fd)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """path's content becomes `text` all at once (a kill leaves the old file or the new one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{"filter": {"keep_ratio": 0.25}} -> {"filter.keep_ratio": 0.25}."""
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict)
+                   else {prefix + key: value})
+    return out
+
+
+def check_config(path: Path, config: dict, resume: bool, resumable: tuple[str, ...],
+                 has_checkpoints: bool) -> None:
+    """Before resuming: `config` (the run's, as a nested dict) agrees with the one saved at
+    `path` in every key but those under `resumable`. Raises RunFault naming the keys that differ
+    with both values, or saying that config.json is missing or not JSON."""
+    if not resume:
+        return
+    if not path.exists():
+        if has_checkpoints:
+            raise RunFault(f"{path} is missing, so the checkpoints beside it cannot be checked "
+                           "against this config: put it back, or pass another --workdir")
+        return
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"a JSON {type(saved).__name__}, not an object")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise RunFault(f"{path} is not a run config ({error}): was it edited by hand or cut "
+                       "short? Restore it, or pass another --workdir") from None
+    saved, config = _flat(saved), _flat(config)
+    free = lambda key: any(key == r or key.startswith(r + ".") for r in resumable)  # noqa: E731
+    missing = object()
+    changed = sorted(k for k in set(saved) | set(config)
+                     if not free(k) and saved.get(k, missing) != config.get(k, missing))
+    if changed:
+        shown = "; ".join(f"{k}: {saved.get(k, '(absent)')!r} there, "
+                          f"{config.get(k, '(absent)')!r} here" for k in changed[:4])
+        more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+        raise RunFault(f"--resume with a config that differs from {path} in {changed}: {shown}"
+                       f"{more}. Resume with the config that made the workdir (only "
+                       f"{list(resumable)} may change), or pass another --workdir")
+
+
+def check_free_space(workdir: Path, needed: int) -> None:
+    """RunFault when the workdir's disk has less than `needed` bytes free (a checkpoint's size:
+    the first save would fail)."""
+    free = shutil.disk_usage(workdir).free
+    if free < needed:
+        raise RunFault(f"workdir {workdir} has {free / 2**20:.0f} MiB free, a checkpoint of this "
+                       f"run takes about {needed / 2**20:.0f} MiB: free space or pass another "
+                       "--workdir")
