@@ -19,7 +19,7 @@ Faults (each one line on stderr and exit 1, nothing half-written is ever loaded)
 use by another live run (run.lock; a killed run's lock is taken over), unwritable or without
 space for a checkpoint, made by another config, or with a damaged checkpoint is refused before
 training; a failed save stops the run with the previous checkpoint kept; `max_skipped_steps`
-steps in a row that dropped updates as non-finite (train.apply_if_finite) save and stop the
+steps in a row that dropped updates as non-finite (train.apply_if) save and stop the
 run. A kill at any moment (kill -9 included) leaves the newest complete checkpoint to
 --resume from (experiments/fault_kill.py tries it).
 The collapse monitor (config monitor.*, starpo_jax.monitor) prints its alerts and appends them

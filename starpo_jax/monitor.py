@@ -20,7 +20,7 @@ of s over the steps after the first `warmup` (no alert comes before).
   norms before it (a median, so one spike does not raise the bar for the next), or g is not
   finite.
 - "skipped_update": the step dropped updates whose loss or gradients were not finite
-  (actor/skipped_updates or critic/skipped_updates > 0, train.apply_if_finite); no warmup.
+  (actor/skipped_updates or critic/skipped_updates > 0, train.apply_if); no warmup.
 An alert fires once per episode of its condition: an echo-trap alert re-arms when its series
 has climbed back half way, to (1 - drop / 2) * peak (hysteresis, so a series hovering at the
 threshold does not fire every other step); a spike alert when g is back under its threshold;

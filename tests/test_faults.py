@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.logging import JsonlWriter  # noqa: E402
 from starpo_jax.monitor import CollapseMonitor, MonitorConfig  # noqa: E402
-from starpo_jax.train import apply_if_finite, make_train_step  # noqa: E402
+from starpo_jax.train import apply_if, make_train_step  # noqa: E402
 from starpo_jax.workdir import RunFault, WorkdirLock, check_free_space  # noqa: E402
 from test_api import tiny_experiment  # noqa: E402
 
@@ -47,7 +47,7 @@ def _same(a, b) -> bool:
 
 @pytest.mark.parametrize("loss, poison", [(1.0, None), (np.nan, None), (np.inf, None),
                                           (1.0, np.nan), (1.0, -np.inf)])
-def test_apply_if_finite_updates_only_when_finite(loss, poison):
+def test_apply_if_updates_only_when_finite(loss, poison):
     params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
     grads = {"w": jnp.full((2, 3), 0.5), "b": jnp.array([0.1, -0.2, 0.3])}
     if poison is not None:
@@ -56,7 +56,7 @@ def test_apply_if_finite_updates_only_when_finite(loss, poison):
     state = tx.init(params)
     norm = optax.tree.norm(grads)
     new_params, new_state, skipped = jax.jit(
-        lambda g, s, p, loss, n: apply_if_finite(tx, g, s, p, loss, n))(
+        lambda g, s, p, loss, n: apply_if(jnp.bool_(True), tx, g, s, p, loss, n))(
         grads, state, params, jnp.float32(loss), norm)
     if np.isfinite(loss) and poison is None:
         # Reference: AdamW's first step by hand (bias-corrected moments: m / sqrt(v) = sign(g)).
