@@ -253,7 +253,12 @@ def _rollout_values(full: ConfigDict) -> dict[str, Any]:
     """The rollout section of a merged config, every unset env setting (None) taken from the
     env's (envs_jax.settings(env.name)); env.name must be registered."""
     values = full.rollout.to_dict()
-    env_settings = envs_jax.settings(full.env.name)
+    if full.env.name in envs_host.names():  # a host env's class `defaults`, over EnvSettings'
+        given = getattr(envs_host.factory(full.env.name).func, "defaults", {})
+        env_settings = dataclasses.replace(
+            envs_jax.EnvSettings(), **{k: v for k, v in given.items() if k in ENV_SETTINGS})
+    else:
+        env_settings = envs_jax.settings(full.env.name)
     for key in ENV_SETTINGS:
         if values[key] is None:
             values[key] = getattr(env_settings, key)

@@ -30,12 +30,14 @@ from starpo_jax.train import Metrics, TrainState, make_train_fns
 
 def config_for(name: str, algo: str, **rollout: Any) -> Any:
     """api.config_for(name, algo) with the host env's own `defaults` (e.g. max_turns=1),
-    then `rollout` on top."""
+    then `rollout` on top; evaluation off (host envs have none yet)."""
     from starpo_jax import api
 
     # A registered class's `defaults` (read from the class: no instance, no data loaded).
     env_defaults = dict(getattr(envs_host.factory(name).func, "defaults", {}))
-    return api.config_for(name, algo, **{**env_defaults, **rollout})
+    config = api.config_for(name, algo, **{**env_defaults, **rollout})
+    config.eval_every = config.sample_every = 0  # no held-out evaluation of host envs yet
+    return config
 
 
 class HostTrainStep:

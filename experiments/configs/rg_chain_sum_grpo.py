@@ -2,7 +2,7 @@
 
     python experiments/run.py --config rg_chain_sum_grpo.py --workdir runs/rg_chain_sum
 
-One question per episode ("State the final answer to the following arithmetic problem:
+CPU-sized (quickstart.py's shapes). One question per episode ("State the final answer to the following arithmetic problem:
 4 - 1 - 7 ="), one answer, reward = reasoning-gym's score. Keys: api.default_config; the env
 pool: host.workers / host.processes / host.timeout.
 """
@@ -11,4 +11,9 @@ from starpo_jax.host_train import config_for
 
 
 def get_config():
-    return config_for("rg_chain_sum", "grpo")  # max_turns = max_actions_per_traj = 1
+    # CPU-sized as quickstart.py: NoThink answers of up to 16 tokens, 4 groups x 8 rollouts.
+    c = config_for("rg_chain_sum", "grpo", groups=4, group_size=8, reply_tokens=16)
+    c.nothink = True
+    c.steps = 16
+    c.optim.actor_lr = 5e-6
+    return c
