@@ -1,5 +1,7 @@
 """Pure-JAX text games (Bandit, Sokoban, FrozenLake) on jumanji's Environment API."""
 
+# First: jumanji's import must not touch a notebook's matplotlib backend.
+from envs_jax import _jupyter  # noqa: F401
 from envs_jax.base import TextEnv
 from envs_jax.registry import make, names, register
 
