@@ -1,6 +1,8 @@
 """Pure-JAX text games (Bandit, Sokoban, FrozenLake, Countdown, Sudoku) on jumanji's
 Environment API."""
 
+# First: jumanji's import must not touch a notebook's matplotlib backend.
+from envs_jax import _jupyter  # noqa: F401
 from envs_jax.base import EnvSettings, TextEnv
 from envs_jax.registry import make, names, register, settings
 
