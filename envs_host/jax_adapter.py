@@ -35,6 +35,8 @@ class JaxTextEnvHost(HostEnv):
                  observation_tokens: int = 256):
         self.env = env
         self.instructions = env.instructions
+        self.symbol_legend = env.symbol_legend  # the prompt's legend line, as the JAX codec's
+        self.lists_actions = env.lists_actions
         self.action_names = tuple(env.action_names)
         self.observation_tokens = observation_tokens
         self._key_for_seed = key_for_seed or jax.random.PRNGKey

@@ -136,15 +136,17 @@ def build_host_text(tokenizer: Any, env: Any, config: RolloutConfig, *,
     template = PromptTemplate(**{**default_template(config.mode).__dict__,
                                  **template_overrides})
     names = getattr(env, "action_names", None)
-    if names is None:  # free text: no list of actions in the intro (as the original)
-        template = dataclasses.replace(template, actions_line="")
-    intro = intro_text(template, env.instructions, names or (), config.max_actions_per_turn)
+    # Free text (no action names): no actions line in the intro, as the original.
+    listed = names if names is not None and getattr(env, "lists_actions", True) else ()
+    intro = intro_text(template, env.instructions, getattr(env, "symbol_legend", ()), listed,
+                       max_actions_per_turn=config.max_actions_per_turn,
+                       max_actions_per_traj=config.max_actions_per_traj)
     text = HostText(
         tokenizer=tokenizer, template=template, chat=chat_pieces(tokenizer), intro=intro,
         action_names=None if names is None else tuple(names),
         forced_prefix_ids=tuple(tokenizer.encode(template.forced_prefix,
                                                  add_special_tokens=False)),
-        table=_token_bytes(tokenizer), max_tokens=config.reply_tokens,
+        table=_token_bytes(tokenizer), max_tokens=config.announced_tokens,
         max_actions_per_turn=config.max_actions_per_turn, first_width=0, later_width=0,
         max_reply_bytes=max_reply_bytes)
     if widths is None:

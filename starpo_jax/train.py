@@ -332,15 +332,17 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         kept = constrain(kept.replace(
             loss_mask=kept.loss_mask & jnp.repeat(selection.kept, group)[:, None]))
         if cfg.loss.kl_coef > 0 and ref_logp is None:
-            ref_logp = mark(phase_clock, "reference_logprobs",
-                            forward_logprobs(state.reference, kept))
+            # The barrier also holds back `kept`, so the forwards below come after this mark.
+            ref_logp, kept = mark(phase_clock, "reference_logprobs",
+                                  (forward_logprobs(state.reference, kept), kept))
         old_logp = None if config.single_update else forward_logprobs(state.actor, kept)
         values = None
         if ppo:
             critic = nnx.merge(critic_def, state.critic)
             values = in_row_slices(lambda b: sequence_values(critic, b.tokens, b.lengths), kept,
                                    opt.micro_batches)
-        old_logp, values = mark(phase_clock, "old_logprobs", (old_logp, values))
+        # With `kept` inside, the mark waits for the rollout even when nothing was computed.
+        old_logp, values, kept = mark(phase_clock, "old_logprobs", (old_logp, values, kept))
         adv, returns = advantages(config, kept, values)
         return Batch(rollout=kept, selection=selection, advantages=adv, returns=returns,
                      old_values=values, old_logp=old_logp, ref_logp=ref_logp)

