@@ -42,7 +42,7 @@ def _both(env_name: str, config: RolloutConfig, key, **template):
     model, tok = tiny()
     env = envs_jax.make(env_name)
     template = {**SHORT_TEMPLATE, **template}
-    codec = build_codec(tok, env, mode=config.mode, max_tokens=config.reply_tokens,
+    codec = build_codec(tok, env, mode=config.mode, max_tokens=config.announced_tokens,
                         max_actions_per_turn=config.max_actions_per_turn, verify=20, **template)
     graphdef, params = nnx.split(model)
     kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)

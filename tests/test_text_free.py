@@ -17,8 +17,9 @@ from envs_jax.sudoku.parse import Move  # noqa: E402
 from starpo_jax.text import Codec, build_codec, render_conversation_text  # noqa: E402
 from starpo_jax.text.templates import env_intro  # noqa: E402
 
-ENVS = ("countdown", "countdown_5", "sudoku_4x4")
-STATES = 256
+# countdown_5 renders through the same slots as countdown (one more number): not rebuilt here.
+ENVS = ("countdown", "sudoku_4x4")
+STATES = 128
 
 
 @pytest.fixture(scope="module", params=["smollm2", "qwen_style"])
