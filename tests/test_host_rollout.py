@@ -43,7 +43,8 @@ def _both(env_name: str, config: RolloutConfig, key, **template):
     env = envs_jax.make(env_name)
     template = {**SHORT_TEMPLATE, **template}
     codec = build_codec(tok, env, mode=config.mode, max_tokens=config.announced_tokens,
-                        max_actions_per_turn=config.max_actions_per_turn, verify=20, **template)
+                        max_actions_per_turn=config.max_actions_per_turn,
+                        max_actions_per_traj=config.max_actions_per_traj, verify=20, **template)
     graphdef, params = nnx.split(model)
     kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     compiled = jax.jit(lambda p, k: rollout(graphdef, p, env, codec, config, k, **kw))(params, key)
