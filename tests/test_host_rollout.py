@@ -26,6 +26,7 @@ from starpo_jax.host_text import build_host_text  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.rollout import _prompt_widths, rollout  # noqa: E402
 from starpo_jax.text import build_codec, render_conversation_text  # noqa: E402
+from test_rollout import _split_on  # noqa: E402
 
 REPLY_TOKENS = 4
 SHORT_TEMPLATE = dict(
@@ -95,15 +96,6 @@ class Echo(HostEnv):
         return f"you said {action} é", 0.5, self.turn == 2, {"success": self.turn == 2}
 
 
-def _split_on(text: str, sentinels: list[str]) -> list[str]:
-    pieces = []
-    for s in sentinels:
-        head, found, text = text.partition(s)
-        assert found, f"sentinel {s!r} missing from the rendered conversation"
-        pieces.append(head)
-    return pieces + [text]
-
-
 def test_host_rollout_free_text_env_chat_template_failures_and_truncation():
     model, tok = tiny()
     graphdef, params = nnx.split(model)
@@ -134,8 +126,8 @@ def test_host_rollout_free_text_env_chat_template_failures_and_truncation():
             first = first[: max(n for n in range(len(first) + 1) if first[:n] in head)]
         sentinels = ["\x02R0\x02", "\x02R1\x02"]
         messages = render_conversation_text(
-            text.template, Echo.instructions, (), [first, "you said hi there é"], sentinels,
-            [0.5], [5, 4], max_actions_per_turn=1, max_tokens=REPLY_TOKENS)
+            text.template, text.intro, [first, "you said hi there é"], sentinels, [0.5], [5, 4],
+            max_tokens=text.max_tokens)
         pieces = _split_on(tok.apply_chat_template(messages, tokenize=False), sentinels)[:-1]
         want = []
         for k, piece in enumerate(pieces):
