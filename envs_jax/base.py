@@ -89,7 +89,8 @@ class TextEnv(Environment[State, specs.DiscreteArray, Observation], Generic[Stat
         """The state as the original renders it (host side, one unbatched state)."""
         ids = np.asarray(jax.device_get(self.render_symbols(state)))
         if ids.ndim != 2:
-            raise ValueError(f"render_text takes one unbatched state; got symbols of shape {ids.shape}")
+            raise ValueError("render_text takes one unbatched state; got symbols of shape "
+                             f"{ids.shape}")
         return "\n".join("".join(self.symbol_strings[i] for i in row) for row in ids)
 
     def symbol_grids(self) -> np.ndarray | None:

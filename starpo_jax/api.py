@@ -29,7 +29,7 @@ import envs_jax
 from starpo_jax.collapse import drop_uncomputed
 from starpo_jax.config import (AdvantageConfig, CollapseConfig, FilterConfig, LossConfig,
                                OptimConfig, RolloutConfig, TrainConfig)
-from starpo_jax.evaluation import MODES, EvalConfig, Evaluator, default_eval_envs
+from starpo_jax.evaluation import EvalConfig, Evaluator, default_eval_envs
 from starpo_jax.memory import MemoryPlan, step_plan
 from starpo_jax.models import load_pretrained
 from starpo_jax.models.loading import EMBEDDED_NAME, TINY_RANDOM_NAME

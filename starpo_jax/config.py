@@ -277,7 +277,8 @@ class OptimConfig:
             _number(o, name, getattr(self, name), 0.0, 10.0, low_open=True)
         _number(o, "weight_decay", self.weight_decay, 0.0, 10.0)
         _number(o, "max_grad_norm", self.max_grad_norm, 0.0, 1e6, low_open=True)
-        for name in ("ppo_epochs", "minibatch_rows", "rollout_reuse", "logit_chunk", "micro_batches"):
+        for name in ("ppo_epochs", "minibatch_rows", "rollout_reuse", "logit_chunk",
+                     "micro_batches"):
             _int(o, name, getattr(self, name))
         if not isinstance(self.remat, bool):
             _fail(o, "remat", self.remat, "True or False")

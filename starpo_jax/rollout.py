@@ -194,7 +194,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     states = group_states(states, n, shared_randomness=config.shared_env_randomness)
 
     def turn(carry, k):
-        cache, buf, mask, tids, blogp, bent, filled, states, active, taken, success, effective = carry
+        (cache, buf, mask, tids, blogp, bent, filled, states, active, taken, success,
+         effective) = carry
         gen = generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, prefix.shape[0])),
                             jnp.full((b,), prefix.shape[0], jnp.int32),
                             jax.random.fold_in(sample_key, k), cache, token_bytes, options)
@@ -219,7 +220,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         success = jnp.where(steps > 0, won, success)
         effective = effective + eff
         penalty = jnp.where(active & ~parsed.format_ok, config.format_penalty, 0.0)
-        outputs = dict(reward=reward, penalty=penalty, taken=active, format_ok=parsed.format_ok & active,
+        outputs = dict(reward=reward, penalty=penalty, taken=active,
+                       format_ok=parsed.format_ok & active,
                        think=jnp.where(active, parsed.think_tokens, 0), reply=kept)
         going = active & ~ended & (taken < config.max_actions_per_traj)
 
@@ -229,7 +231,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                                            jax.vmap(env.render_symbols)(states),
                                            config.max_actions_per_traj - taken)
             # A reply stopped by EOS already ends with the template's end-of-turn token.
-            last = jnp.take_along_axis(gen.tokens, jnp.maximum(gen.lengths - 1, 0)[:, None], 1)[:, 0]
+            last = jnp.take_along_axis(gen.tokens, jnp.maximum(gen.lengths - 1, 0)[:, None],
+                                       1)[:, 0]
             skip = (gen.lengths > 0) & (last == eos_id) & (ids[:, 0] == eos_id)
             ids = jnp.where(skip[:, None], jnp.roll(ids, -1, axis=1), ids)
             count = jnp.where(going, count - skip, 0)
