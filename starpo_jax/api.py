@@ -234,11 +234,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
     all_envs = envs_jax.names() + envs_host.names()
     _require("env.name", full.env.name, full.env.name in all_envs, f"one of {all_envs}")
     envs_host.PoolConfig(**full.host.to_dict())
-    if full.env.name in envs_host.names():  # host_train.py: no evaluation of host envs yet
-        for name in ("eval_every", "sample_every"):
-            _require(name, full[name], full[name] == 0, f"0 for host env {full.env.name!r}")
-    else:
-        eval_config(full)
+    eval_config(full)
     MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
     sections = {name: kind(**full[name].to_dict()) for name, kind in SECTIONS.items()
                 if name != "rollout"}
@@ -287,9 +283,11 @@ def eval_config(config: Any) -> EvalConfig:
     """The checked eval section of an experiment config as an EvalConfig."""
     full = _merged(config)
     envs = _names(full.eval.envs) or default_eval_envs(full.env.name)
+    # A host env's run evaluates host envs (host_train.HostEvaluator), a JAX env's JAX envs.
+    same_kind = envs_host.names() if full.env.name in envs_host.names() else envs_jax.names()
     for name in envs:
-        _require("eval.envs", full.eval.envs, name in envs_jax.names(),
-                 f"comma-separated names from {envs_jax.names()} ('' = the training env and its "
+        _require("eval.envs", full.eval.envs, name in same_kind,
+                 f"comma-separated names from {same_kind} ('' = the training env and its "
                  "out-of-distribution variants)")
     return EvalConfig(envs=envs, modes=_names(full.eval.modes),
                       **{k: v for k, v in full.eval.items() if k not in ("envs", "modes")})
@@ -413,8 +411,12 @@ def check_memory(exp: Experiment, anywhere: Callable[[bool], bool] = bool) -> Me
 def build_evaluator(exp: Experiment) -> Evaluator:
     """The Evaluator of `exp`'s eval section: codecs for the OOD envs built like the training
     one (same tokenizer, mode and prompt), held-out keys from the run's key. Nothing compiles
-    until its first evaluation."""
+    until its first evaluation. For a host env, a host_train.HostEvaluator (same interface)."""
     config = eval_config(exp.config)
+    if exp.config.env.name in envs_host.names():
+        from starpo_jax import host_train
+
+        return host_train.build_evaluator(exp, config)
     envs = {}
     for name in config.envs:
         env = exp.env if name == exp.config.env.name else envs_jax.make(name)

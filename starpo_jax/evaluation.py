@@ -186,14 +186,20 @@ class Evaluator:
     def samples_text(self, result: EvalResult) -> str:
         """The first config.samples initial states' conversations of every (env, mode) in
         `result` (one rollout per initial state)."""
-        parts = []
-        for (name, mode), out in result.rollouts.items():
-            k = self.group_sizes[mode]
-            shown = min(self.config.samples, out.success.shape[0] // k)
-            parts.append(f"##### {name} / {mode}: {shown} of {out.success.shape[0] // k} "
-                         "held-out initial states\n")
-            parts += [format_conversation(self.tokenizer, out, g * k) for g in range(shown)]
-        return "\n".join(parts)
+        return samples_text(self.tokenizer, result, self.group_sizes, self.config.samples)
+
+
+def samples_text(tokenizer: Any, result: EvalResult, group_sizes: Mapping[str, int],
+                 samples: int) -> str:
+    """Evaluator.samples_text for any evaluator: group_sizes[mode] rollouts per initial state."""
+    parts = []
+    for (name, mode), out in result.rollouts.items():
+        k = group_sizes[mode]
+        shown = min(samples, out.success.shape[0] // k)
+        parts.append(f"##### {name} / {mode}: {shown} of {out.success.shape[0] // k} "
+                     "held-out initial states\n")
+        parts += [format_conversation(tokenizer, out, g * k) for g in range(shown)]
+    return "\n".join(parts)
 
 
 # Module-level with the env static and the codec an argument: an Evaluator built again for the

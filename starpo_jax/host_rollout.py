@@ -97,11 +97,12 @@ def _group_observations(pool: EnvPool, observations: list[str | None], n: int) -
 
 def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text: HostText,
                  config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
-                 seeds: Any = None) -> tuple[Rollout, dict[str, float]]:
+                 seeds: Any = None, greedy: bool = False) -> tuple[Rollout, dict[str, float]]:
     """B = groups * group_size trajectories of `pool`'s env (see the module docstring).
 
     graphdef, params = nnx.split(policy); pool: config.batch_size rows; text: built for this
     env, tokenizer and config; key: split into the reset and sampling keys as `rollout` does.
+    greedy: argmax replies (evaluation); the temperature then only scales the log-probs.
     Returns (Rollout with arrays [B, L] / [B, T] / [B], host stats as floats).
     """
     p, n, turns = config.groups, config.group_size, config.max_turns
@@ -114,7 +115,8 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
     f = len(prefix)
     prefix_arr = jnp.asarray(prefix, jnp.int32)
     options = SamplingOptions(max_new_tokens=config.reply_tokens, temperature=config.temperature,
-                              top_p=config.top_p, top_k=config.top_k, stop=stop_strings(),
+                              top_p=config.top_p, top_k=config.top_k, greedy=greedy,
+                              stop=stop_strings(),
                               eos_ids=(eos_id,), pad_id=pad_id)
     token_bytes = (jnp.asarray(text.table.bytes), jnp.asarray(text.table.lengths))
     reset_key, sample_key = jax.random.split(key)

@@ -6,22 +6,28 @@
 
 The step's key schedule is `train.make_train_fns(...).step`'s: fold_in(key, state.step) split
 into the rollout's and the update's keys, so a resumed run repeats a run never stopped. Host
-envs run on one device (no mesh), with one rollout chunk, without the phase clock and without
-evaluation (eval_every / sample_every must be 0).
+envs run on one device (no mesh), with one rollout chunk and without the phase clock.
+
+Evaluation (`HostEvaluator`, the interface of evaluation.Evaluator): `episodes` held-out seeds
+drawn once from the run's evaluation stream (evaluation.heldout_keys), greedy and sampled modes
+with the same rollout as training, each (env, mode) on its own env pool.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 import envs_host
 from envs_host.pool import EnvPool, PoolConfig
-from starpo_jax.config import TrainConfig
+from starpo_jax.config import RolloutConfig, TrainConfig
+from starpo_jax.evaluation import (EvalConfig, EvalResult, eval_metrics, eval_rollout_config,
+                                   heldout_keys, samples_text)
 from starpo_jax.host_rollout import host_rollout
 from starpo_jax.host_text import HostText, build_host_text
 from starpo_jax.models.decoder import Decoder
@@ -30,14 +36,12 @@ from starpo_jax.train import Metrics, TrainState, make_train_fns
 
 def config_for(name: str, algo: str, **rollout: Any) -> Any:
     """api.config_for(name, algo) with the host env's own `defaults` (e.g. max_turns=1),
-    then `rollout` on top; evaluation off (host envs have none yet)."""
+    then `rollout` on top."""
     from starpo_jax import api
 
     # A registered class's `defaults` (read from the class: no instance, no data loaded).
     env_defaults = dict(getattr(envs_host.factory(name).func, "defaults", {}))
-    config = api.config_for(name, algo, **{**env_defaults, **rollout})
-    config.eval_every = config.sample_every = 0  # no held-out evaluation of host envs yet
-    return config
+    return api.config_for(name, algo, **{**env_defaults, **rollout})
 
 
 class HostTrainStep:
@@ -71,6 +75,79 @@ class HostTrainStep:
         self.pool.close()
 
 
+class HostEvaluator:
+    """evaluation.Evaluator for host envs (see the module docstring). envs maps each name of
+    config.envs to (factory, HostText); pools are built at their first evaluation: `close()`."""
+
+    def __init__(self, graphdef: nnx.GraphDef, tokenizer: Any,
+                 envs: Mapping[str, tuple[Callable[[], Any], HostText]],
+                 rollout_config: RolloutConfig, config: EvalConfig, run_key: jax.Array,
+                 pool_config: PoolConfig, *, eos_id: int, pad_id: int):
+        missing = [name for name in config.envs if name not in envs]
+        if missing:
+            raise ValueError(f"no (factory, text) given for eval envs {missing}; given: "
+                             f"{sorted(envs)}")
+        self.config, self.tokenizer, self.graphdef = config, tokenizer, graphdef
+        self.eos_id, self.pad_id, self.pool_config = eos_id, pad_id, pool_config
+        self.envs = dict(envs)
+        reset_key, self.sample_key = heldout_keys(run_key)
+        self.seeds = np.asarray(jax.random.randint(reset_key, (config.episodes,), 0,
+                                                   np.iinfo(np.int32).max))
+        self.settings = {m: eval_rollout_config(rollout_config, config, m) for m in config.modes}
+        self.group_sizes = {m: s.group_size for m, s in self.settings.items()}
+        self._pools: dict[tuple[str, str], EnvPool] = {}
+
+    def evaluate(self, params: nnx.State, sample_key: jax.Array | None = None,
+                 envs: tuple[str, ...] | None = None) -> EvalResult:
+        """Runs every mode on `envs` (default: all of config.envs) with the policy `params`."""
+        sample_key = self.sample_key if sample_key is None else sample_key
+        envs = self.config.envs if envs is None else envs
+        unknown = [name for name in envs if name not in self.config.envs]
+        if unknown:
+            raise ValueError(f"envs {unknown} are not evaluated here; valid: {self.config.envs}")
+        metrics, rollouts = {}, {}
+        for name in envs:
+            factory, text = self.envs[name]
+            for mode, settings in self.settings.items():
+                pool = self._pools.get((name, mode))
+                if pool is None:
+                    pool = self._pools[name, mode] = EnvPool(
+                        name, factory, settings.batch_size, self.pool_config)
+                out, _ = host_rollout(self.graphdef, params, pool, text, settings, sample_key,
+                                      eos_id=self.eos_id, pad_id=self.pad_id, seeds=self.seeds,
+                                      greedy=mode == "greedy")
+                rollouts[name, mode] = out
+                values = jax.device_get(eval_metrics(out, settings.group_size))
+                metrics.update((f"val/{name}/{mode}/{k}", float(v)) for k, v in values.items())
+        return EvalResult(metrics=metrics, rollouts=rollouts)
+
+    def samples_text(self, result: EvalResult) -> str:
+        """As evaluation.Evaluator.samples_text."""
+        return samples_text(self.tokenizer, result, self.group_sizes, self.config.samples)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+def build_evaluator(exp: Any, config: EvalConfig) -> HostEvaluator:
+    """The HostEvaluator of a host-env Experiment (api.build_evaluator's host branch)."""
+    envs = {}
+    for name in config.envs:
+        text = exp.codec if name == exp.config.env.name else _text(
+            exp.config, exp.train, exp.tokenizer, envs_host.make(name))
+        envs[name] = (envs_host.factory(name), text)
+    return HostEvaluator(nnx.graphdef(exp.model), exp.tokenizer, envs, exp.train.rollout, config,
+                         exp.key, PoolConfig(**exp.config.host.to_dict()),
+                         eos_id=exp.tokenizer.eos_token_id, pad_id=exp.tokenizer.pad_token_id)
+
+
+def _text(full: Any, train: TrainConfig, tokenizer: Any, env: Any) -> HostText:
+    template = {k: v for k, v in full.prompt.items() if k != "verify" and v is not None}
+    return build_host_text(tokenizer, env, train.rollout, **template)
+
+
 def build(full: Any, train: TrainConfig) -> Any:
     """api.build for a host env: `full` the checked experiment config, `train` its
     TrainConfig. Returns an api.Experiment whose train_step is a HostTrainStep."""
@@ -82,8 +159,7 @@ def build(full: Any, train: TrainConfig) -> Any:
                          f"device, this run sees {jax.device_count()}")
     model, tok = load_pretrained(full.model.source, full.model.dtype)
     env = envs_host.make(full.env.name)
-    template = {k: v for k, v in full.prompt.items() if k != "verify" and v is not None}
-    text = build_host_text(tok, env, train.rollout, **template)
+    text = _text(full, train, tok, env)
     step = HostTrainStep(train, full.env.name, PoolConfig(**full.host.to_dict()), text,
                          model=model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
