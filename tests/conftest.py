@@ -1,8 +1,47 @@
-"""Session-wide fixtures: objects that are slow to build, made once for every test module."""
+"""Session-wide set-up: fixtures slow to build (made once for every test module), one XLA
+compilation cache per test session, and the order in which xdist hands out test files."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+# Test files in descending order of their measured time (per-file sums of `pytest
+# --durations`), handed to the xdist workers first (`--no-loadscope-reorder` in pyproject.toml
+# keeps this order): the last file a worker takes is then a short one and the two workers end
+# together. Files not listed follow in collection order.
+HEAVY_FIRST = ("test_freetext_train.py", "test_train.py", "test_rollout.py",
+               "test_host_rollout.py", "test_faults.py", "test_collapse.py", "test_notebooks.py",
+               "test_text_env_states.py", "test_host_train.py", "test_faithful.py",
+               "test_text_free.py", "test_sweep.py", "test_filtering.py", "test_sampling.py")
+_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One persistent XLA compilation cache for the session, shared by the xdist workers and
+    the subprocesses tests start (run.py, notebooks' kernels inherit the environment): a program
+    compiled by one test is loaded, not compiled again, by the next (JAX's cache key is the
+    program, its options and the versions, so results are unchanged). Steps with host
+    callbacks (the phase clock) are never cached by JAX. A cache dir set by the user is kept."""
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        path = tempfile.mkdtemp(prefix="starpo-jax-tests-xla-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+        config.stash[_CACHE] = path  # the process that made it removes it
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(_CACHE, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file
 
 
 @pytest.fixture(scope="session")
