@@ -121,6 +121,28 @@ def test_bfloat16_base_keeps_float32_adapters():
     np.testing.assert_allclose(_logits(model, ids), _logits(f32, ids), atol=1e-6)
 
 
+def test_gradient_of_the_adapters_forms_no_weight_gradient():
+    """Differentiating w.r.t. the adapters only (the frozen base closed over), the backward
+    forms no [in, out] gradient of a base weight: no matmul has a base weight's shape, as one
+    does when the base is differentiated too."""
+    model = _lora(_random_model(TINY))
+    graphdef = nnx.graphdef(model)
+    adapters, base = split_trainable(nnx.state(model))
+    ids = jnp.ones((3, 5), jnp.int32)
+
+    def loss(adapters, base):
+        return nnx.merge(graphdef, adapters, base).hidden_states(ids).sum()
+
+    def matmul_shapes(grad):
+        text = str(jax.make_jaxpr(grad)(adapters, base))
+        return set(re.findall(r":f32\[([\d,]+)\] = dot_general", text))
+
+    weights = {",".join(map(str, shape[1:])) for shape in layers.layer_weight_shapes(TINY).values()
+               if len(shape) == 3}
+    assert weights & matmul_shapes(jax.grad(loss, argnums=(0, 1)))
+    assert not weights & matmul_shapes(jax.grad(loss))
+
+
 # ---- training ----
 
 CONFIG = TrainConfig(

@@ -277,6 +277,21 @@ def lora_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def init_lora(config: ModelConfig, key: jax.Array) -> dict[str, jax.Array]:
+    """Fresh LoRA adapters (lora_weight_shapes), float32: A kaiming-uniform with bound
+    1/sqrt(in) (peft's default), B zero, so that a fresh adapter adds nothing."""
+    shapes = lora_weight_shapes(config)
+    keys = jax.random.split(key, max(len(shapes), 1))
+    out = {}
+    for k, (name, shape) in zip(keys, shapes.items()):
+        if name.endswith("_a"):
+            bound = shape[1] ** -0.5
+            out[name] = jax.random.uniform(k, shape, jnp.float32, -bound, bound)
+        else:
+            out[name] = jnp.zeros(shape, jnp.float32)
+    return out
+
+
 class LayerStack(nnx.Module):
     """All decoder layers, weights stacked along a leading [num_layers] axis."""
 
@@ -292,15 +307,10 @@ class LayerStack(nnx.Module):
                 value = config.initializer_range * jax.random.normal(rngs.params(), shape, dtype)
             axes = _WEIGHT_AXES.get(name) or _BIAS_AXES[name]
             setattr(self, name, logical_param(value, axes))
-        for name, shape in lora_weight_shapes(config).items():
+        for name, value in init_lora(config, rngs.params()).items():
             base, part = name.rsplit("_lora_", 1)
             layers, fan_in, fan_out = _WEIGHT_AXES[base]
-            if part == "a":  # peft's default: kaiming-uniform A (bound 1/sqrt(in)), B zero
-                bound = shape[1] ** -0.5
-                value = jax.random.uniform(rngs.params(), shape, jnp.float32, -bound, bound)
-                axes = (layers, fan_in, None)
-            else:
-                value, axes = jnp.zeros(shape, jnp.float32), (layers, None, fan_out)
+            axes = (layers, fan_in, None) if part == "a" else (layers, None, fan_out)
             setattr(self, name, nnx.LoRAParam(value, out_sharding=axes, eager_sharding=False))
 
     def __call__(

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from starpo_jax.models.config import ModelConfig
-from starpo_jax.models.decoder import Decoder
+from starpo_jax.models.decoder import Decoder, init_value_head
+from starpo_jax.models.layers import init_lora
 
 #: What LoRA trains: the adapters, and a critic's value head.
 TRAINABLE = nnx.Any(nnx.LoRAParam, nnx.PathContains("value_head"), nnx.PathContains("value_bias"))
@@ -43,11 +44,16 @@ def lora_config(config: ModelConfig, *, rank: int, alpha: float, targets: tuple[
 
 
 def fresh_trainable(config: ModelConfig, key: jax.Array, *, value_head: bool) -> nnx.State:
-    """New adapters (and value head when `value_head`) of a Decoder of `config`, drawn from key.
-    Compiled so that the base weights the constructor also draws are never computed."""
-    def init() -> nnx.State:
-        return nnx.state(Decoder(config, rngs=nnx.Rngs(key), value_head=value_head), TRAINABLE)
-    return jax.jit(init)()
+    """New adapters (and value head when `value_head`) of a Decoder of `config`, drawn from key
+    (only these are computed, not the base weights a constructor would also draw)."""
+    abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), value_head=value_head))
+    state = nnx.state(abstract, TRAINABLE)
+    values: dict[str, Any] = {"layers": init_lora(config, key)}
+    if value_head:
+        values["value_head"], values["value_bias"] = init_value_head(
+            config, jax.random.fold_in(key, 1))
+    nnx.replace_by_pure_dict(state, values)
+    return state
 
 
 def with_lora(model: Decoder, *, rank: int, alpha: float, targets: tuple[str, ...],
