@@ -8,7 +8,8 @@ Reads the run's config.json (model.source and model.dtype), rebuilds the model a
 tokenizer with load_pretrained, restores the actor of the newest checkpoint under checkpoints/
 (or of --step N) and writes it with starpo_jax.models.export.save_pretrained: config.json,
 safetensors weights (sharded above --max_shard_size), generation_config.json and the tokenizer
-with its chat template. The critic is not exported. The result loads with
+with its chat template. The critic is not exported; a LoRA run's adapters are merged into the
+weights (W + A B * alpha / rank), so the directory is a plain model. The result loads with
 `transformers.AutoModelForCausalLM.from_pretrained(out)` and with our own `load_pretrained(out)`.
 """
 
@@ -33,6 +34,7 @@ from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.models.config import DTYPES  # noqa: E402
 from starpo_jax.models.export import (DEFAULT_MAX_SHARD_SIZE, check_out_dir,  # noqa: E402
                                       save_pretrained)
+from starpo_jax.models.lora import adapted  # noqa: E402
 
 
 def read_run_config(workdir: Path) -> dict[str, Any]:
@@ -91,12 +93,15 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, *, step: int 
             raise ValueError(f"no checkpoint of step {step} in {str(workdir)!r}; saved steps: "
                              f"{steps}")
         model, tokenizer = load_pretrained(config["model"]["source"], config["model"]["dtype"])
+        # The run's policy structure (LoRA: with adapters, whose values the checkpoint holds).
+        model = adapted(model, api.train_config(config).lora, jax.random.PRNGKey(0))
         actor = restore_actor(manager, step, nnx.state(model))
     finally:
         manager.close()
     source_generation = Path(config["model"]["source"]) / "generation_config.json"
     generation = json.loads(source_generation.read_text()) if source_generation.is_file() else None
-    path = save_pretrained(actor, model.config, tokenizer, out, dtype=dtype,
+    path = save_pretrained(actor, model.config, tokenizer, out,
+                           dtype=dtype or config["model"]["dtype"],
                            max_shard_size=max_shard_size, overwrite=overwrite,
                            generation_config=generation)
     return step, path

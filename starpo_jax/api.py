@@ -27,11 +27,12 @@ from ml_collections import config_dict
 import envs_host
 import envs_jax
 from starpo_jax.collapse import drop_uncomputed
-from starpo_jax.config import (AdvantageConfig, CollapseConfig, FilterConfig, LossConfig,
-                               OptimConfig, RolloutConfig, TrainConfig)
+from starpo_jax.config import (AdvantageConfig, CollapseConfig, FilterConfig, LoraConfig,
+                               LossConfig, OptimConfig, RolloutConfig, TrainConfig)
 from starpo_jax.evaluation import EvalConfig, Evaluator, default_eval_envs
 from starpo_jax.memory import MemoryPlan, step_plan
 from starpo_jax.models import load_pretrained
+from starpo_jax.models.lora import adapted
 from starpo_jax.models.loading import EMBEDDED_NAME, TINY_RANDOM_NAME
 from starpo_jax.monitor import MonitorConfig
 from starpo_jax.phases import StepProgress
@@ -41,11 +42,12 @@ from starpo_jax.train import TrainState, init_train_state, make_train_step
 
 ConfigDict = config_dict.ConfigDict
 SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": AdvantageConfig,
-            "loss": LossConfig, "optim": OptimConfig, "collapse": CollapseConfig}
+            "loss": LossConfig, "optim": OptimConfig, "collapse": CollapseConfig,
+            "lora": LoraConfig}
 DTYPES = ("float32", "bfloat16")
 # Dataclass fields that may be None: typed so that --config overrides parse.
 _OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str,
-             "max_groups": int}
+             "max_groups": int, "base_dtype": str}
 # Set by the `nothink` switch, not a key of its own.
 _DERIVED = {"rollout": ("mode",)}
 # rollout keys whose default (None) is the env's own setting (envs_jax.settings(env.name)).
@@ -356,6 +358,9 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     env = envs_jax.make(full.env.name)
     codec = _codec(full, train, tok, env)
     init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
+    # With LoRA the model gains its adapters here (the key init_train_state would use), so that
+    # the evaluator and the rollout read the same graph.
+    model = adapted(model, train.lora, jax.random.fold_in(init_key, 1))
     mesh = None
     if jax.process_count() > 1 or jax.device_count() > 1:
         _require("mesh.tp", full.mesh.tp, jax.device_count() % full.mesh.tp == 0,

@@ -17,6 +17,7 @@ from typing import Any
 from starpo_jax.advantages import advantage_estimator_names
 from starpo_jax.filtering import FILTER_MODES, FILTER_STRATEGIES, TOP_P_WEIGHTS, kept_bound
 from starpo_jax.losses import AGG_MODES
+from starpo_jax.models.config import LORA_TARGETS  # "all-linear": all of them, as the original
 
 ALGOS = ("ppo", "grpo")
 MODES = ("think", "nothink")
@@ -24,6 +25,7 @@ GRPO_MODES = ("mean_std", "mean", "none")
 REWARD_PLACEMENTS = ("trajectory", "turn")
 KL_KINDS = ("k1", "k3", "mse", "abs")
 CACHE_DTYPES = ("float32", "bfloat16")
+LORA_BASE_DTYPES = ("float32", "bfloat16")
 
 
 def _fail(owner: str, name: str, value: Any, valid: str) -> None:
@@ -300,6 +302,46 @@ class CollapseConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """LoRA fine-tuning (the original's `lora` section: rank 0 = off, alpha 64, "all-linear";
+    its paper trains with rank 64). With rank r > 0 every targeted projection W [in, out] of
+    actor and critic gets W x + (x A B) * alpha / r, A [in, r], B [r, out] zero at the start;
+    only the adapters (and the critic's value head) are trained, the base weights are frozen
+    and shared by actor, critic and the KL reference (the base: the adapters switched off).
+
+    targets: "all-linear" or comma-separated names from LORA_TARGETS. base_dtype: storage of
+    the frozen base weights ("bfloat16" halves them; matmuls still run in the model's compute
+    dtype); None keeps the loaded model's.
+    """
+
+    rank: int = 0
+    alpha: float = 64.0
+    targets: str = "all-linear"
+    base_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        o = "lora"
+        _int(o, "rank", self.rank, low=0)
+        _number(o, "alpha", self.alpha, 0.0, 1e6, low_open=True)
+        names = self.target_modules if isinstance(self.targets, str) else ()
+        if not names or len(set(names)) != len(names) or not set(names) <= set(LORA_TARGETS):
+            _fail(o, "targets", self.targets, f"'all-linear' or comma-separated distinct names "
+                  f"from {LORA_TARGETS}")
+        if self.base_dtype is not None:
+            _choice(o, "base_dtype", self.base_dtype, LORA_BASE_DTYPES)
+            if self.rank == 0:
+                _fail(o, "base_dtype", self.base_dtype,
+                      "None when lora.rank = 0 (LoRA off: the base weights are trained)")
+
+    @property
+    def target_modules(self) -> tuple[str, ...]:
+        """The targeted projections' names, in LORA_TARGETS order for "all-linear"."""
+        if self.targets.strip() == "all-linear":
+            return LORA_TARGETS
+        return tuple(part.strip() for part in self.targets.split(",") if part.strip())
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Everything `make_train_step` needs besides the env, codec and model."""
 
@@ -310,12 +352,14 @@ class TrainConfig:
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     collapse: CollapseConfig = dataclasses.field(default_factory=CollapseConfig)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         _choice("config", "algo", self.algo, ALGOS)
         for name, kind in (("rollout", RolloutConfig), ("filter", FilterConfig),
                            ("advantage", AdvantageConfig), ("loss", LossConfig),
-                           ("optim", OptimConfig), ("collapse", CollapseConfig)):
+                           ("optim", OptimConfig), ("collapse", CollapseConfig),
+                           ("lora", LoraConfig)):
             if not isinstance(getattr(self, name), kind):
                 _fail("config", name, getattr(self, name), f"a {kind.__name__}")
         if self.collapse.every and self.rollout.groups < 2:

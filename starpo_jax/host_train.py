@@ -31,6 +31,7 @@ from starpo_jax.evaluation import (EvalConfig, EvalResult, eval_metrics, eval_ro
 from starpo_jax.host_rollout import host_rollout
 from starpo_jax.host_text import HostText, build_host_text
 from starpo_jax.models.decoder import Decoder
+from starpo_jax.models.lora import adapted, policy_structure
 from starpo_jax.train import Metrics, TrainState, make_train_fns
 
 
@@ -55,7 +56,7 @@ class HostTrainStep:
             raise ValueError(f"rollout.chunks = {config.rollout.chunks} is invalid for host env "
                              f"{name!r}; valid: 1 (host rollouts are not chunked)")
         self.config, self.text, self.eos_id, self.pad_id = config, text, eos_id, pad_id
-        self.graphdef = nnx.graphdef(model)
+        self.graphdef = nnx.graphdef(policy_structure(model, config.lora))
         self.pool = EnvPool(name, factory or envs_host.factory(name),
                             config.rollout.batch_size, pool_config)
         fns = make_train_fns(config, None, None, model=model, eos_id=eos_id, pad_id=pad_id)
@@ -158,11 +159,12 @@ def build(full: Any, train: TrainConfig) -> Any:
         raise ValueError(f"env.name = {full.env.name!r} is a host env; host envs train on one "
                          f"device, this run sees {jax.device_count()}")
     model, tok = load_pretrained(full.model.source, full.model.dtype)
+    init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
+    model = adapted(model, train.lora, jax.random.fold_in(init_key, 1))  # as init_train_state's
     env = envs_host.make(full.env.name)
     text = _text(full, train, tok, env)
     step = HostTrainStep(train, full.env.name, PoolConfig(**full.host.to_dict()), text,
                          model=model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
     exp = api.Experiment(config=full, train=train, env=env, model=model, tokenizer=tok,
                          codec=text, state=None, train_step=step, key=key, init_key=init_key)
     exp.state = exp.fresh_state()

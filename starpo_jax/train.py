@@ -21,6 +21,11 @@ critic/skipped_updates). With exactly one update on a rollout (one mini-batch, o
 epoch, k = 1) the ratio is 1 by construction and the separate old-log-prob forward is skipped.
 The reference forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
 Parameters are arguments of the compiled function, never constants inside it.
+
+With LoRA (config.lora.rank > 0; models/lora.py) the actor is the model with adapters; only the
+adapters are differentiated and optimised, the base weights are frozen and shared: the critic
+holds only its own adapters and value head (its base is the actor's), and the KL reference is
+the base model (the actor's frozen weights without the adapters), not a copy.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from starpo_jax.forward import (accumulated_grad, in_row_slices, sequence_logpro
                                 sequence_values)
 from starpo_jax.losses import aggregate, aggregate_normaliser, kl_penalty, policy_loss, value_loss
 from starpo_jax.models.decoder import Decoder
+from starpo_jax.models.lora import (adapted, base_config, fresh_trainable, joined,
+                                    policy_structure, split_trainable, trainable_split)
 from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.rollout import Rollout, chunked_rollout
 from starpo_jax.text.codec import Codec
@@ -55,7 +62,8 @@ SKIPPED_UPDATES = ("actor/skipped_updates", "critic/skipped_updates")
 
 class TrainState(flax.struct.PyTreeNode):
     """Everything that changes between steps (critic fields None for GRPO, reference None when
-    kl_coef is 0)."""
+    kl_coef is 0 or with LoRA). With LoRA: actor = base + adapters, actor_opt over the adapters,
+    critic = its adapters and value head only."""
 
     actor: nnx.State
     actor_opt: optax.OptState
@@ -123,7 +131,10 @@ def apply_if(used: jax.Array, tx: optax.GradientTransformation, grads: Any,
 
 def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> TrainState:
     """A fresh TrainState: actor = `model`'s weights; for PPO a critic with the same trunk and a
-    new value head (initialised from `key`); a frozen copy as reference when kl_coef > 0."""
+    new value head (initialised from `key`); a frozen copy as reference when kl_coef > 0.
+    With LoRA see `_init_lora_state`."""
+    if config.lora.rank:
+        return _init_lora_state(config, key, model)
     copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731  (no buffer shared: donation)
     actor = copy(nnx.state(model))
     critic = critic_opt = None
@@ -136,6 +147,21 @@ def init_train_state(config: TrainConfig, key: jax.Array, *, model: Decoder) -> 
     return TrainState(actor=actor, actor_opt=_optimizer(config.optim.actor_lr, config).init(actor),
                       critic=critic, critic_opt=critic_opt, reference=reference,
                       step=jnp.int32(0))
+
+
+def _init_lora_state(config: TrainConfig, key: jax.Array, model: Decoder) -> TrainState:
+    """LoRA's fresh TrainState: actor = `model` with config.lora's adapters (new ones, from key,
+    unless it has them); the optimiser state of the adapters only; for PPO the critic's own new
+    adapters and value head (from key; its base is the actor's frozen weights); no reference."""
+    model = adapted(model, config.lora, jax.random.fold_in(key, 1))
+    actor = jax.tree.map(jnp.copy, nnx.state(model))  # no buffer shared with model: donation
+    critic = critic_opt = None
+    if config.algo == "ppo":
+        critic = fresh_trainable(model.config, key, value_head=True)
+        critic_opt = _optimizer(config.optim.critic_lr, config).init(critic)
+    actor_opt = _optimizer(config.optim.actor_lr, config).init(split_trainable(actor)[0])
+    return TrainState(actor=actor, actor_opt=actor_opt, critic=critic, critic_opt=critic_opt,
+                      reference=None, step=jnp.int32(0))
 
 
 def token_rewards(batch: Rollout, placement: str) -> jax.Array:
@@ -233,9 +259,14 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     """
     cfg, opt = config, config.optim
     ppo = config.algo == "ppo"
+    lora = config.lora.rank > 0
+    model = policy_structure(model, config.lora)
     actor_def = nnx.graphdef(model)  # the rollout's (its cached forward never rematerialises)
     train_def = _graphdef(model, value_head=False, remat=opt.remat)
     critic_def = _graphdef(model, value_head=True, remat=opt.remat) if ppo else None
+    if lora and cfg.loss.kl_coef > 0:  # the reference: the base, the adapters switched off
+        base = nnx.eval_shape(lambda: Decoder(base_config(model.config), rngs=nnx.Rngs(0)))
+        reference_def = _graphdef(base, value_head=False, remat=opt.remat)
     actor_tx, critic_tx = _optimizer(opt.actor_lr, config), _optimizer(opt.critic_lr, config)
     group, minibatches = config.rollout.group_size, config.minibatches
     if mesh is not None:
@@ -248,13 +279,22 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     chunk = min(opt.logit_chunk, slots)
     temperature = config.rollout.temperature
 
-    def logprobs(params, batch):
-        return sequence_logprobs(nnx.merge(train_def, params), batch.tokens, batch.lengths,
+    def logprobs(params, batch, graph=train_def):
+        return sequence_logprobs(nnx.merge(graph, params), batch.tokens, batch.lengths,
                                  batch.loss_mask, slots, chunk, temperature)
 
-    def forward_logprobs(params, batch):
+    def forward_logprobs(params, batch, graph=train_def):
         """Log-probs without a gradient, in optim.micro_batches row slices (bounds memory)."""
-        return in_row_slices(lambda b: logprobs(params, b)[0], batch, opt.micro_batches)
+        return in_row_slices(lambda b: logprobs(params, b, graph)[0], batch, opt.micro_batches)
+
+    def reference_logprobs(state, batch):
+        if lora:
+            base = trainable_split(state.actor, lora)[1]
+            return forward_logprobs(base, batch, reference_def)
+        return forward_logprobs(state.reference, batch)
+
+    def critic_params(state):
+        return joined(state.critic, trainable_split(state.actor, lora)[1])
 
     def actor_objective(logp, entropy, mb, normaliser):
         """(loss to minimise, metrics) of reply log-probs [rows, L] under the minibatch's
@@ -297,19 +337,22 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         # once, from the whole minibatch's per-token outputs.
         normaliser = aggregate_normaliser(mb["rollout"].loss_mask, cfg.loss.agg, slots)
         used = mb["rollout"].loss_mask.any()
+        trainable, frozen = trainable_split(state.actor, lora)
         grads, (logp, entropy) = accumulated_grad(
-            lambda p, b: actor_loss(p, b, normaliser), state.actor, mb, opt.micro_batches)
+            lambda p, b: actor_loss(joined(p, frozen), b, normaliser), trainable, mb,
+            opt.micro_batches)
         loss, aux = actor_objective(logp, entropy, mb, normaliser)
         if "old_logp" not in mb:  # the one update: these log-probs are the pre-update ones
             aux.update(logprob_diff(mb["rollout"].behaviour_logp, logp, mb["rollout"].loss_mask))
         aux["actor/grad_norm"] = optax.tree.norm(grads)
         actor, actor_opt, aux["actor/skipped_updates"] = apply_if(
-            used, actor_tx, grads, state.actor_opt, state.actor, loss, aux["actor/grad_norm"])
-        state = state.replace(actor=actor, actor_opt=actor_opt)
+            used, actor_tx, grads, state.actor_opt, trainable, loss, aux["actor/grad_norm"])
+        state = state.replace(actor=joined(actor, frozen), actor_opt=actor_opt)
         aux["used"] = used
         if ppo:
             grads, values = accumulated_grad(
-                lambda p, b: critic_loss(p, b, normaliser), state.critic, mb, opt.micro_batches)
+                lambda p, b: critic_loss(joined(p, frozen), b, normaliser), state.critic, mb,
+                opt.micro_batches)
             loss, critic_aux = critic_objective(values, mb, normaliser)
             aux.update(critic_aux, **{"critic/grad_norm": optax.tree.norm(grads)})
             critic, critic_opt, aux["critic/skipped_updates"] = apply_if(
@@ -334,11 +377,11 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         if cfg.loss.kl_coef > 0 and ref_logp is None:
             # The barrier also holds back `kept`, so the forwards below come after this mark.
             ref_logp, kept = mark(phase_clock, "reference_logprobs",
-                                  (forward_logprobs(state.reference, kept), kept))
+                                  (reference_logprobs(state, kept), kept))
         old_logp = None if config.single_update else forward_logprobs(state.actor, kept)
         values = None
         if ppo:
-            critic = nnx.merge(critic_def, state.critic)
+            critic = nnx.merge(critic_def, critic_params(state))
             values = in_row_slices(lambda b: sequence_values(critic, b.tokens, b.lengths), kept,
                                    opt.micro_batches)
         # With `kept` inside, the mark waits for the rollout even when nothing was computed.
@@ -415,4 +458,4 @@ def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decod
         return jax.jit(step, donate_argnums=0)
     from starpo_jax.sharding import jit_sharded_step
     abstract = jax.eval_shape(lambda: init_train_state(config, jax.random.PRNGKey(0), model=model))
-    return jit_sharded_step(step, abstract, model, mesh)
+    return jit_sharded_step(step, abstract, policy_structure(model, config.lora), mesh)

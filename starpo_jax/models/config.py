@@ -14,6 +14,9 @@ import jax.numpy as jnp
 #: Names accepted for `dtype` / `param_dtype`.
 DTYPES = ("float32", "bfloat16", "float16")
 
+#: The projections of a layer that can carry LoRA adapters (layers.py's weight names).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 #: Hugging Face architecture name -> (model_type, whether q/k/v projections carry a bias).
 SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": ("qwen2", True),
@@ -49,6 +52,11 @@ class ModelConfig:
     # Recompute each layer's activations in the backward pass instead of storing them
     # (activation memory of one layer instead of all; about one extra forward of compute).
     remat: bool = False
+    # LoRA adapters (float32, whatever param_dtype) on these projections: lora_rank 0 = none.
+    # Each targeted W [in, out] computes x W + (x A B) * lora_alpha / lora_rank (layers.py).
+    lora_rank: int = 0
+    lora_alpha: float = 64.0
+    lora_targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -82,6 +90,19 @@ class ModelConfig:
                 raise ValueError(
                     f"ModelConfig.{name} must be one of {DTYPES}; got {getattr(self, name)!r}"
                 )
+
+        if not isinstance(self.lora_rank, int) or isinstance(self.lora_rank, bool) or (
+                self.lora_rank < 0):
+            raise ValueError(f"ModelConfig.lora_rank must be an int >= 0; got {self.lora_rank!r}")
+        if self.lora_rank and (not self.lora_targets
+                               or not set(self.lora_targets) <= set(LORA_TARGETS)):
+            raise ValueError(f"ModelConfig.lora_targets must be a non-empty tuple of names from "
+                             f"{LORA_TARGETS} when lora_rank > 0; got {self.lora_targets!r}")
+
+    @property
+    def lora_scale(self) -> float:
+        """The adapters' factor alpha / rank (LoRA's scaling)."""
+        return self.lora_alpha / self.lora_rank
 
     @property
     def compute_dtype(self) -> jnp.dtype:

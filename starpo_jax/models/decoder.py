@@ -39,6 +39,13 @@ def _check_inputs(
         )
 
 
+def init_value_head(config: ModelConfig, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A fresh value head [D] (normal, std initializer_range) and bias [] (zero), float32
+    whatever param_dtype: a single vector, and value targets are fine-grained."""
+    head = config.initializer_range * jax.random.normal(key, (config.hidden_size,), jnp.float32)
+    return head, jnp.zeros((), jnp.float32)
+
+
 class Decoder(nnx.Module):
     """Token ids -> next-token logits (and values when built with `value_head=True`).
 
@@ -67,11 +74,9 @@ class Decoder(nnx.Module):
             )
         )
         if value_head:
-            # float32 whatever param_dtype: a single vector, and value targets are fine-grained.
-            self.value_head = logical_param(
-                std * jax.random.normal(rngs.params(), (d,), jnp.float32), ("embed",)
-            )
-            self.value_bias = logical_param(jnp.zeros((), jnp.float32), ())
+            head, bias = init_value_head(config, rngs.params())
+            self.value_head = logical_param(head, ("embed",))
+            self.value_bias = logical_param(bias, ())
         else:
             self.value_head = self.value_bias = None
 

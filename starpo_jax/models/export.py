@@ -10,7 +10,9 @@ so they are written as they are. The directory holds:
     generation_config.json        bos / eos / pad ids (plus any fields the caller passes)
     tokenizer.json, tokenizer_config.json, chat_template.jinja, ...   (tokenizer.save_pretrained)
 
-A value head (critic) is not exported: the directory is the policy only.
+A value head (critic) is not exported: the directory is the policy only. LoRA adapters are
+merged into the weights they adapt (W + A B * alpha / rank, models/lora.py): the directory is a
+plain model.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from safetensors.numpy import save_file
 
 from starpo_jax.models.config import DTYPES, ModelConfig
 from starpo_jax.models.decoder import Decoder
+from starpo_jax.models.lora import base_config, merged_params
 from starpo_jax.models.params import _LAYER_NAMES
 
 DEFAULT_MAX_SHARD_SIZE = "2GB"
@@ -115,7 +118,7 @@ class _Tensor(NamedTuple):
         return np.ascontiguousarray((x.T if self.transposed else x).astype(dtype))
 
 
-def _flat_params(model_or_params: Decoder | nnx.State | Mapping) -> dict[str, Any]:
+def _pure_dict(model_or_params: Decoder | nnx.State | Mapping) -> Mapping:
     if isinstance(model_or_params, Decoder):
         model_or_params = nnx.state(model_or_params, nnx.Param)
     if isinstance(model_or_params, nnx.State):
@@ -123,7 +126,11 @@ def _flat_params(model_or_params: Decoder | nnx.State | Mapping) -> dict[str, An
     if not isinstance(model_or_params, Mapping):
         raise TypeError(f"expected a Decoder, an nnx.State or a dict of its parameters; got "
                         f"{type(model_or_params).__name__}")
-    flat = traverse_util.flatten_dict(dict(model_or_params), sep="/")
+    return model_or_params
+
+
+def _flat_params(model_or_params: Decoder | nnx.State | Mapping) -> dict[str, Any]:
+    flat = traverse_util.flatten_dict(dict(_pure_dict(model_or_params)), sep="/")
     return {k: v for k, v in flat.items() if k not in _VALUE_HEAD}
 
 
@@ -233,7 +240,8 @@ def save_pretrained(model_or_params: Decoder | nnx.State | Mapping, config: Mode
     """Writes the policy as a Hugging Face model directory at `out_dir` and returns its path.
 
     model_or_params: a Decoder, its nnx.State or that state's pure dict ([num_layers, in, out]
-    stacked weights, as TrainState.actor holds them); config: its ModelConfig; tokenizer: a
+    stacked weights, as TrainState.actor holds them); config: its ModelConfig (with LoRA
+    adapters: they are merged in, and the export's default dtype is the base's); tokenizer: a
     transformers tokenizer whose ids fit config.vocab_size. dtype: of the stored tensors
     (default config.param_dtype). Weights above `max_shard_size` bytes (an int or "2GB") are
     split into shards with an index. generation_config: extra fields for
@@ -253,6 +261,9 @@ def save_pretrained(model_or_params: Decoder | nnx.State | Mapping, config: Mode
                          f"only {config.vocab_size}: they do not belong together")
     out = Path(out_dir)
     check_out_dir(out, overwrite)
+    if config.lora_rank:  # a LoRA model (config with adapters): written with them merged
+        model_or_params = merged_params(_pure_dict(model_or_params), config)
+        config = base_config(config)
     plan = _tensor_plan(model_or_params, config)
     out.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))

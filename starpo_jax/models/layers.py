@@ -217,6 +217,15 @@ def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.einsum("...i,io->...o", x, w.astype(x.dtype))
 
 
+def _linear(x: jax.Array, w: dict[str, jax.Array], name: str, scale: float) -> jax.Array:
+    """x [..., in] through projection `name` of one layer's weights w: x W, plus (x A) B * scale
+    when w holds the projection's LoRA adapters (A [in, r], B [r, out])."""
+    y = _dense(x, w[name])
+    if f"{name}_lora_a" in w:
+        y = y + _dense(_dense(x, w[f"{name}_lora_a"]), w[f"{name}_lora_b"]) * scale
+    return y
+
+
 # Names of the stacked weights, with the logical axis names used for sharding.
 _WEIGHT_AXES = {
     "attn_norm": ("layers", "embed"),
@@ -256,6 +265,33 @@ def layer_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def lora_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shape of each stacked LoRA adapter of `LayerStack` ({} when config.lora_rank is 0):
+    "<proj>_lora_a" [num_layers, in, rank] and "<proj>_lora_b" [num_layers, rank, out]."""
+    shapes = layer_weight_shapes(config)
+    r = config.lora_rank
+    out = {}
+    for name in (config.lora_targets if r else ()):
+        n, fan_in, fan_out = shapes[name]
+        out.update({f"{name}_lora_a": (n, fan_in, r), f"{name}_lora_b": (n, r, fan_out)})
+    return out
+
+
+def init_lora(config: ModelConfig, key: jax.Array) -> dict[str, jax.Array]:
+    """Fresh LoRA adapters (lora_weight_shapes), float32: A kaiming-uniform with bound
+    1/sqrt(in) (peft's default), B zero, so that a fresh adapter adds nothing."""
+    shapes = lora_weight_shapes(config)
+    keys = jax.random.split(key, max(len(shapes), 1))
+    out = {}
+    for k, (name, shape) in zip(keys, shapes.items()):
+        if name.endswith("_a"):
+            bound = shape[1] ** -0.5
+            out[name] = jax.random.uniform(k, shape, jnp.float32, -bound, bound)
+        else:
+            out[name] = jnp.zeros(shape, jnp.float32)
+    return out
+
+
 class LayerStack(nnx.Module):
     """All decoder layers, weights stacked along a leading [num_layers] axis."""
 
@@ -271,6 +307,11 @@ class LayerStack(nnx.Module):
                 value = config.initializer_range * jax.random.normal(rngs.params(), shape, dtype)
             axes = _WEIGHT_AXES.get(name) or _BIAS_AXES[name]
             setattr(self, name, logical_param(value, axes))
+        for name, value in init_lora(config, rngs.params()).items():
+            base, part = name.rsplit("_lora_", 1)
+            layers, fan_in, fan_out = _WEIGHT_AXES[base]
+            axes = (layers, fan_in, None) if part == "a" else (layers, None, fan_out)
+            setattr(self, name, nnx.LoRAParam(value, out_sharding=axes, eager_sharding=False))
 
     def __call__(
         self,
@@ -288,12 +329,14 @@ class LayerStack(nnx.Module):
         Returns the new h [B, T, D] and the updated (k, v), or None without a cache.
         """
         cfg = self.config
-        weights = {name: getattr(self, name)[...] for name in layer_weight_shapes(cfg)}
+        names = (*layer_weight_shapes(cfg), *lora_weight_shapes(cfg))
+        weights = {name: getattr(self, name)[...] for name in names}
+        scale = cfg.lora_scale if cfg.lora_rank else 1.0
         b, t, _ = h.shape
         rows = jnp.arange(b)[:, None]
 
         def project(x: jax.Array, w: dict[str, jax.Array], name: str, heads: int) -> jax.Array:
-            y = _dense(x, w[f"{name}_proj"])
+            y = _linear(x, w, f"{name}_proj", scale)
             if cfg.attention_bias:
                 y = y + w[f"{name}_bias"].astype(y.dtype)
             return y.reshape(b, t, heads, cfg.head_dim)
@@ -306,10 +349,10 @@ class LayerStack(nnx.Module):
 
         def mlp_block(h: jax.Array, w: dict[str, jax.Array], attn: jax.Array) -> jax.Array:
             """The rest of the layer after attention: attn [B, T, H, hd]."""
-            h = h + _dense(attn.reshape(b, t, -1), w["o_proj"])
+            h = h + _linear(attn.reshape(b, t, -1), w, "o_proj", scale)
             x = rms_norm(h, w["mlp_norm"], cfg.rms_norm_eps)
-            mlp = jax.nn.silu(_dense(x, w["gate_proj"])) * _dense(x, w["up_proj"])
-            return h + _dense(mlp, w["down_proj"])
+            mlp = jax.nn.silu(_linear(x, w, "gate_proj", scale)) * _linear(x, w, "up_proj", scale)
+            return h + _linear(mlp, w, "down_proj", scale)
 
         if kv is None:
 
