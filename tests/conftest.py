@@ -31,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
         path = tempfile.mkdtemp(prefix="starpo-jax-tests-xla-")
         os.environ["JAX_COMPILATION_CACHE_DIR"] = path
         config.stash[_CACHE] = path  # the process that made it removes it
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # even tiny jits
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -3,6 +3,7 @@ files for the llama/qwen2 mappings; clear errors; the embedded-file fetch; tiny-
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from pathlib import Path
@@ -399,6 +400,43 @@ def test_load_gguf_builds_model_and_tokenizer(tmp_path):
         tokenizer.apply_chat_template([{"role": "user", "content": "ab"}], tokenize=False)
         == "<|start|>ab<|end|>"
     )
+
+
+def test_tokenizer_is_read_once_per_file_version_across_processes(tmp_path, monkeypatch):
+    """The tokenizer's metadata is kept on disk: a new process (here: the in-memory cache
+    cleared and the GGUF reader disabled) builds the same tokenizer from it; a damaged kept copy
+    or a rewritten file is parsed again."""
+    from starpo_jax.models import gguf as gguf_module
+
+    monkeypatch.setenv("STARPO_JAX_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(path, "llama", _random_hf_tensors(bias=False, tied=True), {}, permute=True,
+                with_tokenizer=True)
+    gguf_module._tokenizer_parts.cache_clear()
+    first = load_gguf_tokenizer(path)
+    kept = list((tmp_path / "cache" / "gguf-tokenizers").glob("*.json"))
+    assert len(kept) == 1
+
+    def no_reader(*args):
+        raise AssertionError("the GGUF was parsed again")
+
+    gguf_module._tokenizer_parts.cache_clear()
+    monkeypatch.setattr(gguf_module, "open_gguf", no_reader)
+    again = load_gguf_tokenizer(path)
+    for text in ("abcd ab", "a<|end|>b"):
+        assert again.encode(text) == first.encode(text) != []
+    assert again.get_vocab() == first.get_vocab() and again.chat_template == first.chat_template
+    monkeypatch.undo()
+
+    monkeypatch.setenv("STARPO_JAX_CACHE", str(tmp_path / "cache"))
+    kept[0].write_text('{"tokenizer.ggml.tok')  # cut short: parsed again, and kept again
+    gguf_module._tokenizer_parts.cache_clear()
+    assert load_gguf_tokenizer(path).encode("abcd ab") == first.encode("abcd ab")
+    assert "tokenizer.ggml.tokens" in json.loads(kept[0].read_text())  # whole again
+    os.utime(path, ns=(1, 1))  # another file version: another kept copy
+    gguf_module._tokenizer_parts.cache_clear()
+    load_gguf_tokenizer(path)
+    assert len(list((tmp_path / "cache" / "gguf-tokenizers").glob("*.json"))) == 2
 
 
 def _metadata(**changes):

@@ -16,8 +16,11 @@ Two llama.cpp conventions are undone here:
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -254,8 +257,27 @@ def read_gguf_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenizer_parts(reader: GGUFReader) -> tuple[Any, dict[str, Any]]:
-    metadata = {k: v for k, v in gguf_metadata(reader).items() if k.startswith("tokenizer.")}
+def _tokenizer_parts(file: str, size: int, mtime_ns: int) -> tuple[Any, dict[str, Any]]:
+    """(tokenizers.Tokenizer, tokenizer.* metadata) of one file version. The metadata is kept
+    as JSON in <cache_dir>/gguf-tokenizers: reading a GGUF parses every field (~5 s for
+    SmolLM2's 49k-token vocabulary, paid by every new process), the JSON loads in ~30 ms."""
+    from starpo_jax.models.embedded import cache_dir  # embedded imports this module
+
+    digest = hashlib.sha256(f"v1\0{file}\0{size}\0{mtime_ns}".encode()).hexdigest()[:32]
+    kept = cache_dir() / "gguf-tokenizers" / f"{digest}.json"
+    try:
+        metadata = json.loads(kept.read_text())
+    except (OSError, ValueError):
+        reader = open_gguf(file)
+        metadata = {k: v for k, v in gguf_metadata(reader).items() if k.startswith("tokenizer.")}
+        try:  # atomically (processes may race); an unwritable cache only costs the parse
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=kept.parent, suffix=".tmp",
+                                             delete=False) as handle:
+                json.dump(metadata, handle)
+            os.replace(handle.name, kept)
+        except OSError:
+            pass
     return build_bpe_tokenizer(metadata), metadata
 
 
@@ -263,9 +285,14 @@ def load_gguf_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     """The tokenizer stored in the GGUF file at `path`, as a transformers fast tokenizer.
 
     Each call returns a fresh object (callers may change padding_side etc.); the parsed
-    vocabulary is cached per file version, so repeated calls cost a copy (~0.2 s), not a parse.
+    vocabulary is cached per file version (in memory, and on disk across processes), so
+    repeated calls cost a copy (~0.2 s), not a parse. Errors as `open_gguf`'s.
     """
-    return wrap_tokenizer(*_tokenizer_parts(open_gguf(path)))
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {str(path)!r} (resolved to {str(file)!r})")
+    stat = file.stat()
+    return wrap_tokenizer(*_tokenizer_parts(str(file), stat.st_size, stat.st_mtime_ns))
 
 
 def load_gguf(
