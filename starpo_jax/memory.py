@@ -57,14 +57,21 @@ def plan_bytes(compiled: Any) -> int:
             - m.alias_size_in_bytes)
 
 
+def budget(available: Callable[[], int | None] = host_available_bytes,
+           ) -> tuple[int | None, str, int]:
+    """(bytes free for a step, where, how many devices' plans share them): on CPU the host's
+    available RAM, shared by every local device; elsewhere one device's memory limit."""
+    device = jax.local_devices()[0]
+    if device.platform == "cpu":
+        return available(), "host RAM", jax.local_device_count()
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    return (int(limit) if limit else None), f"{device.device_kind} memory", 1
+
+
 def step_plan(step: Callable, *args: Any,
               available: Callable[[], int | None] = host_available_bytes) -> MemoryPlan:
     """Compiles the jitted `step` for `args` (a later call reuses the executable) and sizes it
     against the memory of the devices it runs on."""
     per_device = plan_bytes(step.lower(*args).compile())
-    device = jax.local_devices()[0]
-    if device.platform == "cpu":
-        return MemoryPlan(per_device * jax.local_device_count(), available(), "host RAM")
-    stats = device.memory_stats() or {}
-    limit = stats.get("bytes_limit")
-    return MemoryPlan(per_device, int(limit) if limit else None, f"{device.device_kind} memory")
+    free, where, sharing = budget(available)
+    return MemoryPlan(per_device * sharing, free, where)
