@@ -13,7 +13,10 @@ and always at the end), and with `eval_every` / `sample_every` evaluation metric
 same files) and sample conversations (samples/step_<N>.txt). A host env (envs_host, named like
 any env) trains through starpo_jax.host_train: its rollout steps the env on the host, the
 update is compiled (no evaluation). `--resume` continues from the newest checkpoint and gives
-the same metrics as a run never stopped. SIGINT / SIGTERM finish
+the same metrics as a run never stopped. Before step 1 the step is compiled and sized against
+the free memory: memory knobs left unset are chosen then (starpo_jax.autofit; one line says
+what and why, config.json's "auto_memory" records it, and a resumed run takes it again), and
+a step that cannot fit stops with the settings that shrink it. SIGINT / SIGTERM finish
 the current step, save and exit 0.
 Faults (each one line on stderr and exit 1, nothing half-written is ever loaded): a workdir in
 use by another live run (run.lock; a killed run's lock is taken over), unwritable or without
