@@ -17,7 +17,13 @@ the kept rows (plus the critic's values for PPO); "update" the advantages and PP
 Tokens/s counts every token in the buffers (prompts, env messages, replies) per second of the
 whole step; generated tokens/s counts sampled tokens per second of the rollout. Peak RSS is the
 process's (resource.getrusage) after the step, so it includes loading the model and compiling.
-A large f32 matmul is timed in the same run as the machine's reference (GFLOP/s).
+
+Then a table per model, one line per phase: its real (non-pad) tokens (every row's for the
+rollout, the kept rows' for old log-probs and update) per second, and its model-FLOPs
+utilisation: the phase's useful FLOPs (starpo_jax/flops.py: 2 x matmul weights per token per
+forward plus causal attention, forward+backward = 3 forwards; real tokens only) / its seconds /
+the f32 2048^3 matmul peak measured in the same run (bench_sampler.matmul_peak, the larger of
+JAX's and torch's, as bench_sampler's table).
 """
 
 from __future__ import annotations
@@ -31,29 +37,21 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 import envs_jax  # noqa: E402
+from bench_sampler import matmul_peak  # noqa: E402
 from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
+from starpo_jax.filtering import select_groups  # noqa: E402
+from starpo_jax.flops import phase_flops  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.phases import phase_name  # noqa: E402
 from starpo_jax.rollout import buffer_length  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
-from starpo_jax.train import init_train_state, make_train_step  # noqa: E402
+from starpo_jax.train import init_train_state, make_train_fns, make_train_step  # noqa: E402
 
 
-def _timed(fn, *args):
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    return out, time.perf_counter() - start
-
-
-def matmul_gflops(n: int = 2048) -> float:
-    a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    jax.block_until_ready(f(a))
-    _, seconds = _timed(f, a)
-    return 2 * n**3 / seconds / 1e9
+PHASES = ("rollout", "old_logprobs", "update")
 
 
 def _setup(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
@@ -115,15 +113,35 @@ class PhaseTimes:
         return next(t for name, t in self.marks if name == label)
 
 
+def _counting_step(fns, config: TrainConfig):
+    """fns.step composed as make_train_step's program (same keys, same work), also returning
+    the real tokens of every row [B] and of the rows the update trains on [K, N] (zero for
+    groups the filter did not really keep): the counts the FLOPs are computed from."""
+    group = config.rollout.group_size
+
+    def step(state, key):
+        rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
+        out = fns.rollout(state, rollout_key)
+        state, metrics = fns.learn(state, out, update_key)
+        selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter)
+        kept = out.lengths.reshape(-1, group)[selection.indices] * selection.kept[:, None]
+        return state, metrics, out.lengths, kept
+
+    return jax.jit(step, donate_argnums=0)
+
+
 def bench(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
-          knobs: dict):
+          knobs: dict, peak: float):
     """The whole step, compiled ahead of time and run once; its phases are read from marks the
     program sends to the host as each phase ends (one run: a SmolLM2 step takes over an hour on
-    a 2-core CPU, so the phases are not run again on their own)."""
+    a 2-core CPU, so the phases are not run again on their own). peak: the machine's matmul
+    FLOP/s, the MFU's denominator."""
     model, tok, env, codec, config = _setup(model_name, env_name, p, n, turns, reply, algo, knobs)
     clock = PhaseTimes(knobs["chunks"])
-    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
-                           pad_id=tok.pad_token_id, phase_clock=clock)
+    fns = make_train_fns(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                         pad_id=tok.pad_token_id, phase_clock=clock)
+    step = _counting_step(fns, config)
+    model_config = model.config
     state = init_train_state(config, jax.random.PRNGKey(1), model=model)
     del model  # the state holds the weights; the model's own copy would count in the peak
     start = time.perf_counter()
@@ -132,19 +150,42 @@ def bench(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int
     print(f"  [{time.strftime('%H:%M:%S')}] {model_name}: step compiled in {compile_time:.1f} s",
           file=sys.stderr, flush=True)
     clock.start()
-    state, metrics = jax.block_until_ready(compiled(state, jax.random.PRNGKey(0)))
+    state, metrics, lengths, kept = jax.block_until_ready(compiled(state,
+                                                                   jax.random.PRNGKey(0)))
     step_time = time.perf_counter() - clock.t0
-    metrics = jax.device_get(metrics)
+    metrics, lengths, kept = jax.device_get((metrics, lengths, kept))
     rollout_end, old_end = clock.at("rollout"), clock.at("old_logprobs")
     rows = p * n
-    buffered = float(metrics["rollout/sequence_length"]) * rows
     generated = float(metrics["rollout/response_length"] * metrics["rollout/num_turns"]) * rows
+    seconds = {"rollout": rollout_end, "old_logprobs": old_end - rollout_end,
+               "update": step_time - old_end}
+    kept = np.asarray(kept).ravel()
+    kept = kept[kept > 0]
+    tokens = {"rollout": int(lengths.sum()), "old_logprobs": int(kept.sum()),
+              "update": int(kept.sum())}
+    flops = phase_flops(model_config, config, lengths, kept)
+    phases = {name: dict(seconds=seconds[name], tokens=tokens[name],
+                         tok_s=tokens[name] / seconds[name], gflop=flops[name] / 1e9,
+                         mfu=flops[name] / seconds[name] / peak) for name in PHASES}
     return dict(model=model_name, env=env_name, algo=algo, B=rows,
                 L=buffer_length(codec, config.rollout), turns=turns, reply=reply,
-                compile_step=compile_time, rollout=rollout_end, old_logprobs=old_end - rollout_end,
-                update=step_time - old_end, step=step_time, tok_s=buffered / step_time,
-                gen_tok_s=generated / rollout_end,
-                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+                compile_step=compile_time, **seconds, step=step_time,
+                tok_s=tokens["rollout"] / step_time, gen_tok_s=generated / rollout_end,
+                mfu=sum(flops.values()) / step_time / peak,
+                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                phases=phases)
+
+
+def phase_table(row: dict) -> str:
+    """The markdown table of one bench() row's phases: seconds, real tokens, tokens/s, useful
+    GFLOP and MFU."""
+    lines = [f"{row['model']} ({row['env']}, {row['algo']}, B={row['B']}, L={row['L']}):",
+             "| phase | seconds | real tokens | tokens/s | useful GFLOP | MFU |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, ph in row["phases"].items():
+        lines.append(f"| {name} | {ph['seconds']:.2f} | {ph['tokens']} | {ph['tok_s']:.1f} | "
+                     f"{ph['gflop']:.1f} | {100 * ph['mfu']:.1f}% |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -176,14 +217,18 @@ def main() -> None:
     else:
         cases = [(m, 8, 16, 5, args.reply) for m in ("tiny-random", "smollm2-135m-instruct")
                  if args.model in (None, m)]
-    print(f"devices: {jax.devices()}; f32 matmul reference: {matmul_gflops():.1f} GFLOP/s")
+    peak = max(matmul_peak(2048, 3))
+    print(f"devices: {jax.devices()}; f32 2048^3 matmul peak: {peak / 1e9:.1f} GFLOP/s")
     cols = ("model", "env", "algo", "B", "L", "turns", "reply", "compile_step", "rollout",
-            "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "peak_rss_gib")
+            "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "mfu", "peak_rss_gib")
     print(" | ".join(cols))
+    rows = []
     for model_name, p, n, turns, reply in cases:
-        row = bench(model_name, args.env, p, n, turns, reply, args.algo, knobs)
-        print(" | ".join(f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c]) for c in cols),
-              flush=True)
+        rows.append(bench(model_name, args.env, p, n, turns, reply, args.algo, knobs, peak))
+        print(" | ".join(f"{rows[-1][c]:.2f}" if isinstance(rows[-1][c], float)
+                         else str(rows[-1][c]) for c in cols), flush=True)
+    for row in rows:
+        print(f"\n{phase_table(row)}")
 
 
 if __name__ == "__main__":

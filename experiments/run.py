@@ -13,7 +13,10 @@ and always at the end), and with `eval_every` / `sample_every` evaluation metric
 same files) and sample conversations (samples/step_<N>.txt). A host env (envs_host, named like
 any env) trains through starpo_jax.host_train: its rollout steps the env on the host, the
 update is compiled (no evaluation). `--resume` continues from the newest checkpoint and gives
-the same metrics as a run never stopped. SIGINT / SIGTERM finish
+the same metrics as a run never stopped. Before step 1 the step is compiled and sized against
+the free memory: memory knobs left unset are chosen then (starpo_jax.autofit; one line says
+what and why, config.json's "auto_memory" records it, and a resumed run takes it again), and
+a step that cannot fit stops with the settings that shrink it. SIGINT / SIGTERM finish
 the current step, save and exit 0.
 Faults (each one line on stderr and exit 1, nothing half-written is ever loaded): a workdir in
 use by another live run (run.lock; a killed run's lock is taken over), unwritable or without
@@ -33,6 +36,7 @@ config.json, metrics, events, alerts, samples and the console lines.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -44,7 +48,8 @@ from typing import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from starpo_jax.distributed import any_process, maybe_initialize  # noqa: E402
+from starpo_jax.distributed import (any_process, maybe_initialize,  # noqa: E402
+                                    min_over_processes)
 
 if __name__ == "__main__":
     # Before any other import: some (jumanji's) already compute with JAX, which fixes the
@@ -80,6 +85,10 @@ RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints
 RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio")
 # A host env's pool settings (threads / processes, timeout) change how it is stepped, not what.
 RESUMABLE_CHANGES += ("host",)
+# config.json's record of the memory settings chosen for the knobs left unset (not a config
+# key): a resumed run takes them again from there.
+AUTO_MEMORY = "auto_memory"
+RESUMABLE_CHANGES += (AUTO_MEMORY,)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
                                           "experiments/configs/).", lock_config=True)
@@ -137,8 +146,12 @@ def _train(exp: api.Experiment, workdir: Path, resume: bool, stop: threading.Eve
     if resume:
         exp.state = checkpoints.restore_latest(like=exp.state) or exp.state
     check_free_space(workdir, sum(x.nbytes for x in jax.tree.leaves(exp.state)))
+    record = _check_memory(exp, config_path if resume else None, primary)
     if primary:
-        write_atomically(config_path, c.to_json(indent=2) + "\n")
+        saved = json.loads(c.to_json())
+        if record:
+            saved[AUTO_MEMORY] = record
+        write_atomically(config_path, json.dumps(saved, indent=2) + "\n")
     first = exp.steps_done
     skipped = 0  # steps in a row that dropped updates
     writers = open_writers(workdir, c.steps, first, console_every=c.log_every) if primary \
@@ -166,6 +179,32 @@ def _train(exp: api.Experiment, workdir: Path, resume: bool, stop: threading.Eve
         checkpoints.close()
         monitor.close()
     return exp.steps_done
+
+
+def _check_memory(exp: api.Experiment, saved: Path | None, primary: bool) -> dict | None:
+    """The step compiled and sized against the free memory before step 1 (api.check_memory:
+    MemoryError when it cannot fit), unless check_memory=False or a host env (no one program
+    to size). Memory knobs left unset take the settings of `saved` config.json's record (a
+    resumed run steps as before) or are chosen now. Returns the record for config.json."""
+    c = exp.config
+    if not c.check_memory or c.env.name in envs_host.names():
+        return None
+    previous = _saved_memory(saved)
+    if previous and exp.auto and exp.memory is None:
+        api.pin_memory(exp, previous["settings"])
+    plan = api.check_memory(exp, any_process, smallest=min_over_processes)
+    if primary:
+        chosen = exp.memory.line() if exp.memory else f"train step compiled: {plan}"
+        print(chosen + (" (settings of the resumed run)" if previous else ""), flush=True)
+    return exp.memory.record() if exp.memory else previous
+
+
+def _saved_memory(path: Path | None) -> dict | None:
+    """The memory-settings record of a workdir's config.json, None when there is none."""
+    if path is None or not path.exists():
+        return None
+    saved = json.loads(path.read_text())  # check_config has read it: it is a JSON object
+    return saved.get(AUTO_MEMORY)
 
 
 def _skipped_message(step: int, skipped: int) -> str:
@@ -228,9 +267,6 @@ def _main(argv: list[str]) -> None:
     # Taken before the slow part, so that a second run on the workdir is refused at once.
     with WorkdirLock(workdir, say) if process == 0 else contextlib.nullcontext():
         exp = api.build(config)
-        # A host env's step is host code around a jitted update: there is no one program to size.
-        if config.check_memory and config.env.name not in envs_host.names():
-            say(f"train step compiled: {api.check_memory(exp, any_process)}", flush=True)
         with stop_on_signals() as stop:
             done = train(exp, workdir, resume=_RESUME.value, stop=stop)
     say(f"{done}/{config.steps} steps; workdir {_WORKDIR.value}", flush=True)

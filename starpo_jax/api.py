@@ -30,12 +30,14 @@ from starpo_jax.collapse import drop_uncomputed
 from starpo_jax.config import (AdvantageConfig, CollapseConfig, FilterConfig, LoraConfig,
                                LossConfig, OptimConfig, RolloutConfig, TrainConfig)
 from starpo_jax.evaluation import EvalConfig, Evaluator, default_eval_envs
-from starpo_jax.memory import MemoryPlan, step_plan
+from starpo_jax import autofit
+from starpo_jax.memory import MemoryPlan, budget, host_available_bytes, step_plan
 from starpo_jax.models import load_pretrained
 from starpo_jax.models.lora import adapted
 from starpo_jax.models.loading import EMBEDDED_NAME, TINY_RANDOM_NAME
 from starpo_jax.monitor import MonitorConfig
 from starpo_jax.phases import StepProgress
+from starpo_jax.rollout import buffer_length
 from starpo_jax.sharding import make_mesh, shard_state
 from starpo_jax.text import build_codec
 from starpo_jax.train import TrainState, init_train_state, make_train_step
@@ -47,7 +49,11 @@ SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": Advan
 DTYPES = ("float32", "bfloat16")
 # Dataclass fields that may be None: typed so that --config overrides parse.
 _OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str,
-             "max_groups": int, "base_dtype": str}
+             "max_groups": int, "base_dtype": str, "micro_batches": int, "remat": bool,
+             "cache_dtype": str, "chunks": int}
+# The memory knobs (autofit.KNOBS): None by default = chosen from the compiled memory plan and
+# the free memory (check_memory); a value is used as given.
+AUTO = {"optim": ("micro_batches", "remat"), "rollout": ("cache_dtype", "chunks")}
 # Set by the `nothink` switch, not a key of its own.
 _DERIVED = {"rollout": ("mode",)}
 # rollout keys whose default (None) is the env's own setting (envs_jax.settings(env.name)).
@@ -59,7 +65,8 @@ def _section(name: str, **overrides: Any) -> ConfigDict:
     for field in dataclasses.fields(SECTIONS[name]):
         if field.name in _DERIVED.get(name, ()):
             continue
-        value = overrides.get(field.name, field.default)
+        auto = field.name in AUTO.get(name, ())
+        value = overrides.get(field.name, None if auto else field.default)
         if field.name in _OPTIONAL:
             value = config_dict.FieldReference(value, field_type=_OPTIONAL[field.name])
         out[field.name] = value
@@ -93,8 +100,12 @@ def default_config() -> ConfigDict:
     every device of every process, len(jax.devices()) // tp of them on "fsdp").
     max_skipped_steps: experiments/run.py saves and stops after this many steps in a row whose
     updates were dropped for a non-finite loss or gradient (0 = never stops for that).
-    check_memory: experiments/run.py compiles the step first and stops, naming the settings
-    that shrink it, if XLA's memory plan exceeds the free memory (starpo_jax.memory).
+    check_memory: the step is compiled before it first runs and sized against the free memory
+    (starpo_jax.memory): optim.micro_batches, optim.remat, rollout.cache_dtype and
+    rollout.chunks left None are chosen then (starpo_jax.autofit: the fastest settings whose
+    plan fits 90% of it), and a step that cannot fit stops, naming the settings that shrink
+    it. check_memory=False: no check, and unset knobs take their fastest values (1, False,
+    "float32", 1).
     progress_after: seconds into a step after which each phase's end (rollout chunk, rollout,
     old log-probs, update) prints a progress line (starpo_jax.phases; 0 = never, and no marks
     are compiled in; single-device CPU runs only: on accelerators the step has no host calls).
@@ -238,8 +249,8 @@ def train_config(config: ConfigDict) -> TrainConfig:
     envs_host.PoolConfig(**full.host.to_dict())
     eval_config(full)
     MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
-    sections = {name: kind(**full[name].to_dict()) for name, kind in SECTIONS.items()
-                if name != "rollout"}
+    sections = {name: kind(**_fastest(name, full[name].to_dict()))
+                for name, kind in SECTIONS.items() if name != "rollout"}
     sections["rollout"] = RolloutConfig(**_rollout_values(full))
     if full.nothink:
         sections["rollout"] = dataclasses.replace(sections["rollout"], mode="nothink")
@@ -260,7 +271,22 @@ def _rollout_values(full: ConfigDict) -> dict[str, Any]:
     for key in ENV_SETTINGS:
         if values[key] is None:
             values[key] = getattr(env_settings, key)
-    return values
+    return _fastest("rollout", values)
+
+
+def _fastest(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` of a section with its unset memory knobs (None) at their fastest settings,
+    the dataclass defaults: what runs when nothing is chosen (check_memory=False)."""
+    fields = {f.name: f.default for f in dataclasses.fields(SECTIONS[section])}
+    return {k: fields[k] if v is None and k in AUTO.get(section, ()) else v
+            for k, v in values.items()}
+
+
+def auto_knobs(config: Any) -> tuple[str, ...]:
+    """The memory knobs (autofit.KNOBS) a config leaves unset (None), as "section.key"."""
+    full = _merged(config)
+    return tuple(f"{section}.{key}" for section, keys in AUTO.items() for key in keys
+                 if full[section][key] is None)
 
 
 def config_from_train_config(train: TrainConfig, **top: Any) -> ConfigDict:
@@ -321,10 +347,18 @@ class Experiment:
     init_key: jax.Array  # the critic head's initialisation key
     mesh: jax.sharding.Mesh | None = None  # set when the run spans several devices
     progress: StepProgress | None = None  # the step's phase clock (config.progress_after)
+    # The memory knobs still to choose (auto_knobs) and, once chosen, the choice.
+    auto: tuple[str, ...] = ()
+    memory: autofit.Choice | None = None
+    _steps: dict = dataclasses.field(default_factory=dict, repr=False)  # see use()
 
     def step(self, key: jax.Array | None = None) -> dict[str, float]:
         """One iteration (rollout, filter, update) -> its metrics as host floats. `key`
-        defaults to the run's key; the state's step counter is folded in either way."""
+        defaults to the run's key; the state's step counter is folded in either way. The
+        first call chooses the unset memory knobs (check_memory; self.memory.line() says
+        what and why)."""
+        if self.auto and self.memory is None and self.config.check_memory:
+            check_memory(self)
         if self.progress is not None:
             self.progress.start(self.steps_done + 1)
         self.state, metrics = self.train_step(self.state, self.key if key is None else key)
@@ -336,15 +370,38 @@ class Experiment:
         state = init_train_state(self.train, self.init_key, model=self.model)
         return state if self.mesh is None else shard_state(state, self.model, self.mesh)
 
+    def use(self, train: TrainConfig) -> None:
+        """Steps with `train` from now on (another setting of the memory knobs: the state is
+        the same). Each TrainConfig's jitted step is kept: going back to one reuses its
+        compile."""
+        if train not in self._steps:
+            after = self.config.progress_after if self.progress is None else self.progress.after
+            clock = _phase_clock(after, self.config.steps, train, self.mesh)
+            self._steps[train] = clock, make_train_step(
+                train, self.env, self.codec, model=self.model, mesh=self.mesh, phase_clock=clock,
+                eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
+        self.train = train
+        self.progress, self.train_step = self._steps[train]
+
     @property
     def steps_done(self) -> int:
         return int(self.state.step)
 
 
+def _phase_clock(after: float, steps: int, train: TrainConfig,
+                 mesh: jax.sharding.Mesh | None) -> StepProgress | None:
+    # Each mark is a host round trip inside the step: kept to CPU runs, whose steps take
+    # minutes; on accelerators the step stays free of callbacks.
+    if after and mesh is None and jax.default_backend() == "cpu":
+        return StepProgress(after, train.rollout.chunks, steps)
+    return None
+
+
 def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     """Checks `config` (a ConfigDict like default_config(), or a TrainConfig plus top-level keys
     in `top`), then loads the model, builds the env and codec, the initial state and the
-    jitted step. Raises ValueError naming a bad key or value before anything is compiled."""
+    jitted step. Raises ValueError naming a bad key or value before anything is compiled.
+    Memory knobs left unset are chosen by check_memory (or the first step()), not here."""
     if isinstance(config, TrainConfig):
         config = config_from_train_config(config, **top)
     elif top:
@@ -369,24 +426,19 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
         # Every process holds the same key; placed replicated on the global mesh so that the
         # step's argument spans all processes (a process-local array cannot).
         key = jax.device_put(key, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    progress = None
-    # Each mark is a host round trip inside the step: kept to CPU runs, whose steps take
-    # minutes; on accelerators the step stays free of callbacks.
-    if full.progress_after and mesh is None and jax.default_backend() == "cpu":
-        progress = StepProgress(full.progress_after, train.rollout.chunks, full.steps)
-    step = make_train_step(train, env, codec, model=model, eos_id=tok.eos_token_id,
-                           pad_id=tok.pad_token_id, mesh=mesh, phase_clock=progress)
     exp = Experiment(config=full, train=train, env=env, model=model, tokenizer=tok, codec=codec,
-                     state=None, train_step=step, key=key, init_key=init_key, mesh=mesh,
-                     progress=progress)
+                     state=None, train_step=None, key=key, init_key=init_key, mesh=mesh,
+                     auto=auto_knobs(full))
+    exp.use(train)
     exp.state = exp.fresh_state()
     return exp
 
 
-def memory_plan(exp: Experiment) -> MemoryPlan:
+def memory_plan(exp: Experiment, available: Callable[[], int | None] = host_available_bytes,
+                ) -> MemoryPlan:
     """Compiles `exp`'s step (its first call then reuses the executable) and sizes XLA's memory
     plan against the free memory of the devices it runs on (starpo_jax.memory)."""
-    return step_plan(exp.train_step, exp.state, exp.key)
+    return step_plan(exp.train_step, exp.state, exp.key, available=available)
 
 
 def shrink_hint(train: TrainConfig) -> str:
@@ -401,16 +453,60 @@ def shrink_hint(train: TrainConfig) -> str:
             "group_size / reply_tokens / max_turns. check_memory=False runs it anyway.")
 
 
-def check_memory(exp: Experiment, anywhere: Callable[[bool], bool] = bool) -> MemoryPlan:
-    """memory_plan(exp); raises MemoryError, naming the settings that shrink the step, when it
-    does not fit. Returns the plan. anywhere(flag): whether flag is set on any process
-    (starpo_jax.distributed.any_process in multi-process runs, so that all stop together)."""
-    plan = memory_plan(exp)
+def check_memory(exp: Experiment, anywhere: Callable[[bool], bool] = bool,
+                 available: Callable[[], int | None] = host_available_bytes,
+                 smallest: Callable[[int], int] = int) -> MemoryPlan:
+    """Compiles the step and sizes it against the free memory (`available()`: bytes, the
+    host's MemAvailable on CPU); returns its plan. With memory knobs unset (exp.auto), first
+    chooses them (starpo_jax.autofit; exp.memory holds the choice, exp.train and the step
+    take it). Raises MemoryError, naming the settings that shrink the step, when it does not
+    fit (chosen settings: within autofit.MARGIN of the free memory). Multi-process runs:
+    anywhere(flag) = whether flag is set on any process, smallest(n) = the least n of all
+    processes (starpo_jax.distributed), so that all choose alike and stop together."""
+    if exp.auto and exp.memory is None:
+        free, where, _ = budget(available)
+        if free is None:  # nothing to size against: the fastest settings stay
+            exp.auto = ()
+        else:
+            exp.memory = _choose(exp, smallest(free), where, available)
+    plan = memory_plan(exp, available)  # a chosen step: its compile is reused
     if anywhere(not plan.fits):
         here = str(plan) if not plan.fits else f"on another process (this one: {plan})"
         raise MemoryError(f"the compiled train step would not fit: {here}. "
                           f"{shrink_hint(exp.train)}")
     return plan
+
+
+def pin_memory(exp: Experiment, settings: dict[str, Any]) -> None:
+    """Gives exp's unset memory knobs the values in `settings` ({"optim.micro_batches": 4,
+    ...}, an earlier choice: autofit.Choice.record()["settings"]); check_memory then checks
+    them as set ones. A resumed run (experiments/run.py) steps as the run it continues."""
+    values = autofit.Settings.of(exp.train).values()
+    values.update({k: settings[k] for k in exp.auto if k in settings})
+    exp.use(autofit.Settings(*values.values()).apply(exp.train))
+    exp.auto = ()
+
+
+def _choose(exp: Experiment, free: int, where: str,
+            available: Callable[[], int | None]) -> autofit.Choice:
+    """autofit.choose over exp's unset knobs; exp then steps with the chosen settings, through
+    the jitted step their compile was made for (so it is not compiled again)."""
+    base = exp.train
+
+    def plan_of(settings: autofit.Settings) -> int:
+        exp.use(settings.apply(base))
+        return memory_plan(exp, available).needed
+
+    shape = autofit.StepShape.of(base, exp.model.config, buffer_length(exp.codec, base.rollout),
+                                 sum(x.nbytes for x in jax.tree.leaves(exp.state)))
+    try:
+        choice = autofit.choose(autofit.options(base, exp.auto), shape, plan_of, free, where,
+                                exp.auto, shrink_hint(base))
+    except MemoryError:
+        exp.use(base)
+        raise
+    exp.use(choice.settings.apply(base))
+    return choice
 
 
 def build_evaluator(exp: Experiment) -> Evaluator:

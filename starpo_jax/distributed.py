@@ -99,3 +99,14 @@ def any_process(flag: bool) -> bool:
     from jax.experimental import multihost_utils
 
     return bool(multihost_utils.process_allgather(np.array(flag, np.int32)).any())
+
+
+def min_over_processes(value: int) -> int:
+    """The smallest of every process's `value` (a collective, like any_process): e.g. the free
+    memory that all processes' memory settings are chosen against, so that they choose alike.
+    Gathered as float32 (JAX's default width): exact to ~1e-7 of the value."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.process_allgather(np.array(value, np.float32)).min())

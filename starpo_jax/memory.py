@@ -6,8 +6,9 @@
 A step that does not fit is killed by the operating system's OOM killer mid-run, with no
 message and nothing saved; checked after compiling and before the first step runs
 (`api.check_memory`, called by experiments/run.py), it stops with the sizes and the settings
-that shrink them instead. The plan is per device: XLA's temporaries + arguments + outputs -
-aliased (the state is donated, so its outputs alias it). On CPU every local device lives in
+that shrink them instead; memory settings left unset are chosen against it (autofit.py).
+The plan is per device: XLA's temporaries + arguments + outputs - aliased (the state is
+donated, so its outputs alias it). On CPU every local device lives in
 the one host's RAM, so the plan is multiplied by their number and compared with the RAM
 available now (/proc/meminfo MemAvailable); on GPUs and TPUs it is compared with one device's
 memory limit. When neither is known, every plan fits.
@@ -57,14 +58,21 @@ def plan_bytes(compiled: Any) -> int:
             - m.alias_size_in_bytes)
 
 
+def budget(available: Callable[[], int | None] = host_available_bytes,
+           ) -> tuple[int | None, str, int]:
+    """(bytes free for a step, where, how many devices' plans share them): on CPU the host's
+    available RAM, shared by every local device; elsewhere one device's memory limit."""
+    device = jax.local_devices()[0]
+    if device.platform == "cpu":
+        return available(), "host RAM", jax.local_device_count()
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    return (int(limit) if limit else None), f"{device.device_kind} memory", 1
+
+
 def step_plan(step: Callable, *args: Any,
               available: Callable[[], int | None] = host_available_bytes) -> MemoryPlan:
     """Compiles the jitted `step` for `args` (a later call reuses the executable) and sizes it
     against the memory of the devices it runs on."""
     per_device = plan_bytes(step.lower(*args).compile())
-    device = jax.local_devices()[0]
-    if device.platform == "cpu":
-        return MemoryPlan(per_device * jax.local_device_count(), available(), "host RAM")
-    stats = device.memory_stats() or {}
-    limit = stats.get("bytes_limit")
-    return MemoryPlan(per_device, int(limit) if limit else None, f"{device.device_kind} memory")
+    free, where, sharing = budget(available)
+    return MemoryPlan(per_device * sharing, free, where)

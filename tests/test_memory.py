@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,24 +66,23 @@ def _compiles_during(fn) -> list[str]:
     return events
 
 
-def test_check_memory_stops_a_step_that_cannot_fit(monkeypatch):
+def test_check_memory_stops_a_step_that_cannot_fit():
     config = tiny_config()
     config.rollout.group_size = 4  # a shape no other test compiles: this test sees the compile
+    # Every memory knob set (none chosen: tests/test_autofit.py)
+    config.optim.update(micro_batches=1, remat=False)
+    config.rollout.update(cache_dtype="float32", chunks=1)
     exp = api.build(config)
-    monkeypatch.setattr(api, "step_plan", functools.partial(memory.step_plan,
-                                                            available=lambda: 1024))
     with pytest.raises(MemoryError) as error:
-        api.check_memory(exp)
+        api.check_memory(exp, available=lambda: 1024)
     message = str(error.value)
     assert "GiB needed, 0.0 GiB host RAM available" in message
     for knob in ("optim.micro_batches (now 1", "optim.remat=True", "rollout.cache_dtype",
                  "rollout.chunks", "check_memory=False"):
         assert knob in message
     # Another process short of memory stops this one too.
-    monkeypatch.setattr(api, "step_plan", functools.partial(memory.step_plan,
-                                                            available=lambda: 2**50))
     with pytest.raises(MemoryError, match="on another process"):
-        api.check_memory(exp, anywhere=lambda flag: True)
-    plan = api.check_memory(exp)
+        api.check_memory(exp, anywhere=lambda flag: True, available=lambda: 2**50)
+    plan = api.check_memory(exp, available=lambda: 2**50)
     assert plan.fits and plan.needed > 0
     assert _compiles_during(exp.step) == []  # the step runs the executable the check compiled

@@ -1,0 +1,190 @@
+"""Memory settings chosen from the compiled plan (starpo_jax/autofit.py, api.check_memory)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from starpo_jax import api, autofit  # noqa: E402
+from starpo_jax.autofit import MARGIN, Settings, StepShape  # noqa: E402
+from starpo_jax.config import FilterConfig, RolloutConfig, TrainConfig  # noqa: E402
+from starpo_jax.memory import GIB  # noqa: E402
+from test_api import tiny_config  # noqa: E402
+from test_flops import SMOLLM2  # noqa: E402
+
+# 4 groups x 4 rows, half the groups kept: one mini-batch of 8 rows.
+TRAIN = TrainConfig(algo="ppo", rollout=RolloutConfig(groups=4, group_size=4),
+                    filter=FilterConfig(keep_ratio=0.5))
+SHAPE = StepShape.of(TRAIN, SMOLLM2, length=1024, state_bytes=3 * GIB)
+
+
+def test_options_are_fastest_first_within_the_given_knobs():
+    every = autofit.options(TRAIN, autofit.KNOBS)
+    # micro-batches 1, 2, 4, 8 x remat x (float32 at 1, 2, 4 chunks + bfloat16 at 4 chunks)
+    assert len(every) == 4 * 2 * 4 == len(set(every))
+    assert every[0] == Settings(1, False, "float32", 1)
+    times = [autofit.relative_time(s) for s in every]
+    assert times == sorted(times)
+    assert {s.chunks for s in every if s.cache_dtype == "bfloat16"} == {4}
+    # A knob that was set keeps its value in every candidate.
+    set_some = dataclasses.replace(TRAIN, optim=dataclasses.replace(TRAIN.optim, remat=True))
+    only = autofit.options(set_some, ("optim.micro_batches",))
+    assert only == [Settings(m, True, "float32", 1) for m in (1, 2, 4, 8)]
+    with pytest.raises(ValueError, match="auto = \\['optim.lr'\\] is invalid"):
+        autofit.options(TRAIN, ("optim.lr",))
+
+
+def test_cache_bytes_by_hand():
+    # SmolLM2: 30 layers x 3 kv heads x 64 dims, keys and values, 16 rows x 1732 slots.
+    assert autofit.cache_bytes(SMOLLM2, 16, 1732, "float32") == 2 * 30 * 16 * 3 * 1732 * 64 * 4
+    assert autofit.cache_bytes(SMOLLM2, 16, 1732, "bfloat16") == 2 * 30 * 16 * 3 * 1732 * 64 * 2
+
+
+def _fake_plans(rollout_scale: float, update_scale: float):
+    """A 'compiler' whose plans are the estimate with each phase mis-estimated by a factor;
+    records what it compiled."""
+    compiled = []
+
+    def plan_of(settings: Settings) -> int:
+        compiled.append(settings)
+        rollout, update = autofit.estimate(SHAPE, settings)
+        return int(SHAPE.state_bytes + max(rollout * rollout_scale, update * update_scale))
+
+    return plan_of, compiled
+
+
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (1.6, 1.0), (1.0, 0.5), (0.7, 1.8)])
+@pytest.mark.parametrize("free_gib", [5, 7, 8, 12, 40])
+def test_choice_is_the_fastest_that_fits_among_all_candidates(scales, free_gib):
+    candidates = autofit.options(TRAIN, autofit.KNOBS)
+    plan_of, compiled = _fake_plans(*scales)
+    # Reference: every candidate's plan, the first (fastest) within the margin.
+    limit = (1 - MARGIN) * free_gib * GIB
+    every_plan = {s: _fake_plans(*scales)[0](s) for s in candidates}
+    expected = next((s for s in candidates if every_plan[s] <= limit), None)
+    if expected is None:
+        with pytest.raises(MemoryError):
+            autofit.choose(candidates, SHAPE, plan_of, free_gib * GIB, "host RAM",
+                           autofit.KNOBS)
+        return
+    choice = autofit.choose(candidates, SHAPE, plan_of, free_gib * GIB, "host RAM",
+                            autofit.KNOBS)
+    assert choice.settings == expected
+    assert choice.needed == every_plan[expected] and choice.budget == free_gib * GIB
+    assert len(compiled) <= autofit.MAX_COMPILES and len(set(compiled)) == len(compiled)
+    assert [s for s, _ in choice.compiled] == compiled
+    if scales == (1.0, 1.0):  # right estimates: one compile, of the answer
+        assert compiled == [expected]
+
+
+def test_nothing_fits_raises_with_the_most_frugal_plan_and_the_hint():
+    plan_of, compiled = _fake_plans(1.0, 1.0)
+    candidates = autofit.options(TRAIN, autofit.KNOBS)
+    with pytest.raises(MemoryError, match="would not fit with any memory settings tried") as error:
+        autofit.choose(candidates, SHAPE, plan_of, GIB, "host RAM", autofit.KNOBS,
+                       hint="HINT")
+    assert compiled == [Settings(8, True, "bfloat16", 4)]  # the most frugal, then nothing left
+    assert "optim.micro_batches=8, optim.remat=True" in str(error.value)
+    assert str(error.value).endswith("HINT")
+
+
+def test_choice_line_and_record_say_what_and_why():
+    plan_of, _ = _fake_plans(1.0, 1.0)
+    candidates = autofit.options(TRAIN, ("optim.micro_batches",))
+    choice = autofit.choose(candidates, SHAPE, plan_of, 12 * GIB, "host RAM",
+                            ("optim.micro_batches",))
+    line = choice.line()
+    # 8 micro-batches: 9.8 GiB (estimate = plan here), 4: 13.1 GiB.
+    assert line == ("memory settings (unset, so chosen): optim.micro_batches=8, the fastest "
+                    "that fits 90% of the free memory: 9.8 GiB needed, 12.0 GiB host RAM "
+                    "available; every faster setting needs >= 13.1 GiB (1 compiled)")
+    record = choice.record()
+    assert record["settings"]["optim.micro_batches"] == choice.settings.micro_batches
+    assert record["auto"] == ["optim.micro_batches"] and record["available_gib"] == 12.0
+
+
+# --- the api, on the tiny model (each compile of its step takes seconds) ---
+
+
+def _config(**optim):
+    """tiny_config with every memory knob set but micro_batches (2 groups x 2 rows, all kept:
+    one mini-batch of 4 rows), replies of 32 tokens so that the update's logits take room."""
+    c = tiny_config()
+    c.rollout.update(reply_tokens=32, cache_dtype="float32", chunks=1)
+    c.filter.keep_ratio = 1.0
+    c.optim.update(remat=False, **optim)
+    return c
+
+
+@pytest.fixture(scope="module")
+def auto_exp():
+    return api.build(_config())
+
+
+@pytest.fixture(scope="module")
+def explicit_exp():
+    return api.build(_config(micro_batches=4))
+
+
+def test_unset_is_none_in_the_config_and_fastest_in_the_train_config():
+    c = api.default_config()
+    assert [c.optim.micro_batches, c.optim.remat, c.rollout.cache_dtype, c.rollout.chunks] \
+        == [None] * 4
+    assert api.auto_knobs(c) == autofit.KNOBS
+    t = api.train_config(c)
+    assert Settings.of(t) == Settings(1, False, "float32", 1)
+    assert api.auto_knobs(_config()) == ("optim.micro_batches",)
+    assert api.auto_knobs(_config(micro_batches=2)) == ()
+
+
+def test_chooses_on_an_injected_free_memory_and_equals_the_explicit_setting(auto_exp,
+                                                                            explicit_exp):
+    exp = auto_exp
+    base = exp.train
+    # The plan of 4 micro-batches (one row each); free memory such that it just fits: the
+    # choice must be 4, as 1 and 2 hold more rows' logits at once (checked below).
+    exp.use(Settings(4, False, "float32", 1).apply(base))
+    four = api.memory_plan(exp).needed
+    free = int(1.01 * four / (1 - MARGIN))
+    exp.use(base)
+    api.check_memory(exp, available=lambda: free)
+    assert exp.memory.settings == Settings(4, False, "float32", 1)
+    assert exp.train.optim.micro_batches == 4 and exp.memory.budget == free
+    for m in (1, 2):  # the faster settings do not fit (compiled already, or now)
+        exp.use(Settings(m, False, "float32", 1).apply(base))
+        assert api.memory_plan(exp).needed > (1 - MARGIN) * free
+    exp.use(exp.memory.settings.apply(base))
+    chosen = exp.step()
+    assert explicit_exp.auto == () and explicit_exp.train == exp.train
+    assert explicit_exp.step() == chosen
+
+
+def test_explicit_setting_wins_and_an_impossible_budget_names_the_knobs(auto_exp,
+                                                                        explicit_exp):
+    with pytest.raises(MemoryError, match="would not fit: .* GiB needed") as error:
+        api.check_memory(explicit_exp, available=lambda: 2**20)
+    assert "optim.micro_batches (now 4" in str(error.value)
+    assert explicit_exp.train.optim.micro_batches == 4 and explicit_exp.memory is None
+    exp = auto_exp
+    exp.memory = None
+    with pytest.raises(MemoryError, match="any memory settings tried: the most frugal, "
+                                          "optim.micro_batches=4") as error:
+        api.check_memory(exp, available=lambda: 2**20)
+    assert "check_memory=False runs it anyway" in str(error.value)
+    assert exp.memory is None
+
+
+def test_a_resumed_run_takes_the_earlier_choice_for_unset_knobs_only(auto_exp):
+    exp = auto_exp
+    before = exp.train, exp.auto
+    try:
+        # A record of config.json: remat was set in this config (False), so it stays.
+        api.pin_memory(exp, {"optim.micro_batches": 2, "optim.remat": True})
+        assert Settings.of(exp.train) == Settings(2, False, "float32", 1) and exp.auto == ()
+    finally:
+        exp.auto = before[1]
+        exp.use(before[0])
