@@ -9,7 +9,12 @@ device (mesh None) and for a ("fsdp", "tp") mesh of --devices x 1, and XLA's mem
 is printed per device: temporaries (activations, KV cache, logits), arguments (weights and
 optimiser state) and the KV cache buffer read from the optimised HLO (its per-device shape
 [layers, rows, kv_heads, L, head_dim]). With --run both steps run once from the same state and
-key and the largest differences of their metrics and parameters are printed.
+key and the largest differences of their metrics and parameters are printed. The random
+model's next-token distribution is nearly uniform over 49152 tokens, and the sampler inverts its
+CDF: at temperature 1 a last-bit difference of the logits (a matmul of 4 rows rounds unlike one
+of 16) moves a few sampled tokens, and the runs then differ by more than rounding; a low
+--temperature (0.03) concentrates each draw on a few tokens, robust to rounding (much lower
+saturates the softmax: the gradients vanish).
 Fake CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count is set before jax starts.
 """
 
@@ -29,6 +34,8 @@ _parser.add_argument("--reply-tokens", type=int, default=16)
 _parser.add_argument("--turns", type=int, default=2)
 _parser.add_argument("--minibatch-rows", type=int, default=32)
 _parser.add_argument("--micro-batches", type=int, default=1)
+_parser.add_argument("--temperature", type=float, default=1.0,
+                     help="rollout temperature (--run: see the module docstring)")
 _parser.add_argument("--run", action="store_true", help="run both steps and compare them")
 _parser.add_argument("--json", action="store_true", help="print one JSON line (for tests)")
 
@@ -69,7 +76,7 @@ def setup(args: argparse.Namespace):
         algo="ppo",
         rollout=RolloutConfig(groups=args.rows // args.group_size, group_size=args.group_size,
                               max_turns=args.turns, reply_tokens=args.reply_tokens,
-                              mode="nothink"),
+                              mode="nothink", temperature=args.temperature),
         filter=FilterConfig(keep_ratio=1.0),
         optim=OptimConfig(minibatch_rows=args.minibatch_rows, micro_batches=args.micro_batches))
     return model, tok, env, codec, config
@@ -108,6 +115,7 @@ def measure(args: argparse.Namespace) -> dict:
         steps[name] = compiled
     if args.run:
         results = {}
+        start = jax.device_get(init_train_state(config, jax.random.PRNGKey(1), model=model))
         for name, mesh in meshes.items():
             state = init_train_state(config, jax.random.PRNGKey(1), model=model)
             if mesh is not None:
@@ -120,6 +128,8 @@ def measure(args: argparse.Namespace) -> dict:
             diff = np.concatenate([np.abs(u - v).ravel() for u, v in
                                    zip(jax.tree.leaves(x), jax.tree.leaves(y))])
             out[f"{name}_max_abs_diff"] = float(diff.max())
+            out[f"{name}_max_step"] = max(float(np.max(np.abs(u - v))) for u, v in zip(
+                jax.tree.leaves(x), jax.tree.leaves(getattr(start, name))))
             # Adam moves a weight by ~lr whatever its gradient's size: a near-zero gradient whose
             # sign float rounding flips moves it 2 lr apart. How many weights that is:
             out[f"{name}_share_diff_over_1e-7"] = float(np.mean(diff > 1e-7))
