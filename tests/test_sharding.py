@@ -57,7 +57,8 @@ def test_adam_moments_follow_their_parameter():
 def _constraints(fn, *shapes):
     """The PartitionSpecs of the sharding constraints in fn's jaxpr on these input shapes."""
     jaxpr = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s, "float32") for s in shapes))
-    return [e.params["sharding"].spec for e in jaxpr.eqns if e.primitive.name == "sharding_constraint"]
+    return [e.params["sharding"].spec for e in jaxpr.eqns
+            if e.primitive.name == "sharding_constraint"]
 
 
 @pytest.mark.parametrize("mesh, expected", [
