@@ -5,6 +5,9 @@ dimension, FSDP style) and "tp" (tensor parallel: heads, kv heads, MLP and vocab
 dimensions). The model's parameters carry logical axis names (`models/layers.py`:
 "vocab", "embed", "heads", "kv_heads", "mlp", "layers"); `RULES` maps them onto mesh axes. A
 dimension that the mesh axis does not divide stays replicated, so any model runs on any mesh.
+Inside the step the rows (rollout tokens, KV cache, env states, every mini- and micro-batch) are
+split over the data axes (`constrain_batch`), and each forward gathers the weights it uses
+(`gather_for_compute`): each device computes its share of the rows with whole weights.
 
     mesh = make_mesh(tp=1)                         # every device on "fsdp"
     step = make_train_step(config, env, codec, model=model, ..., mesh=mesh)
