@@ -16,14 +16,19 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from starpo_jax.losses import token_entropy
 from starpo_jax.models.decoder import Decoder
+from starpo_jax.sharding import constrain_batch
 
 
-def split_rows(tree: Any, pieces: int) -> Any:
-    """Every leaf [rows, ...] -> [pieces, rows / pieces, ...]."""
-    return jax.tree.map(lambda x: x.reshape(pieces, -1, *x.shape[1:]), tree)
+def split_rows(tree: Any, pieces: int, mesh: Mesh | None = None) -> Any:
+    """Every leaf [rows, ...] -> [pieces, rows / pieces, ...]; with a mesh, the rows of each
+    piece are split over its data axes (not the piece index: each piece is then computed by
+    every device, a share of its rows each)."""
+    return jax.tree.map(lambda x: constrain_batch(x.reshape(pieces, -1, *x.shape[1:]), mesh, 1),
+                        tree)
 
 
 def merge_rows(tree: Any) -> Any:
@@ -32,14 +37,14 @@ def merge_rows(tree: Any) -> Any:
 
 
 def accumulated_grad(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], params: Any, batch: Any,
-                     micro_batches: int) -> tuple[Any, Any]:
+                     micro_batches: int, mesh: Mesh | None = None) -> tuple[Any, Any]:
     """Gradient of loss_fn(params, batch) -> (loss, aux) summed over `micro_batches` row slices.
 
     Every leaf of batch is [rows, ...] with rows divisible by micro_batches; the slices' grads
     are summed in a lax.scan, so only one slice's activations are live at a time. The sum is
     the whole batch's gradient when loss_fn normalises by the whole batch (see
     `losses.aggregate`'s normaliser). aux leaves [rows / micro_batches, ...] come back
-    concatenated to [rows, ...].
+    concatenated to [rows, ...]. mesh: each slice's rows split over its data axes.
     """
     grad_fn = jax.grad(loss_fn, has_aux=True)
     if micro_batches == 1:
@@ -50,17 +55,18 @@ def accumulated_grad(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], param
         return jax.tree.map(jnp.add, total, grads), aux
 
     grads, aux = jax.lax.scan(add_slice, jax.tree.map(jnp.zeros_like, params),
-                              split_rows(batch, micro_batches))
+                              split_rows(batch, micro_batches, mesh))
     return grads, merge_rows(aux)
 
 
-def in_row_slices(fn: Callable[[Any], Any], batch: Any, pieces: int) -> Any:
+def in_row_slices(fn: Callable[[Any], Any], batch: Any, pieces: int,
+                  mesh: Mesh | None = None) -> Any:
     """fn(batch) for a row-wise fn, computed on `pieces` row slices in turn (lax.map): the
     same rows out, with one slice's activations live at a time (the old, reference and value
-    forwards, under optim.micro_batches)."""
+    forwards, under optim.micro_batches). mesh: each slice's rows split over its data axes."""
     if pieces == 1:
         return fn(batch)
-    return merge_rows(jax.lax.map(fn, split_rows(batch, pieces)))
+    return merge_rows(jax.lax.map(fn, split_rows(batch, pieces, mesh)))
 
 
 def reply_slots(loss_mask: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:

@@ -27,12 +27,14 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
 from starpo_jax.config import RolloutConfig
 from starpo_jax.forward import merge_rows
 from starpo_jax.models.cache import KVCache
 from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.sampling import SamplingOptions, generate_pure
+from starpo_jax.sharding import constrain_batch
 from starpo_jax.text.codec import Codec
 from starpo_jax.text.parse import stop_strings
 
@@ -126,6 +128,18 @@ def _repeat_cache(cache: KVCache, n: int) -> KVCache:
                    end=jnp.repeat(cache.end, n))
 
 
+def _shard_rows(tree: Any, mesh: Mesh | None) -> Any:
+    """Rows split over the mesh's data axes (sharding.constrain_batch): axis 0 of every leaf,
+    but axis 1 of a KVCache's k and v ([layers, B, ...])."""
+    def one(x):
+        if isinstance(x, KVCache):
+            return KVCache(k=constrain_batch(x.k, mesh, 1), v=constrain_batch(x.v, mesh, 1),
+                           end=constrain_batch(x.end, mesh))
+        return constrain_batch(x, mesh)
+
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+
 def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken: jax.Array,
                max_actions_per_traj: int):
     """Up to A actions per row, stopping at the episode end or the trajectory's action budget.
@@ -161,13 +175,16 @@ def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken
 
 def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
             config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
-            greedy: bool = False, reset_key: jax.Array | None = None) -> Rollout:
+            greedy: bool = False, reset_key: jax.Array | None = None,
+            mesh: Mesh | None = None) -> Rollout:
     """Samples B = groups * group_size trajectories (see the module docstring); jit-able.
 
     graphdef, params = nnx.split(policy model); env: a TextEnv; codec: built for this env and the
     model's tokenizer with the same max_actions_per_turn and mode; key: PRNG key, split into the
     initial-state and sampling keys unless `reset_key` draws the initial states (then `key` only
     drives sampling: evaluation keeps its held-out states fixed). greedy: argmax decoding.
+    mesh: the rows (tokens, KV cache, env states, the sampler's state) are split over its data
+    axes, each device rolling out its share (sharding.constrain_batch).
     """
     model = nnx.merge(graphdef, params)
     p, n, turns = config.groups, config.group_size, config.max_turns
@@ -187,8 +204,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     states, _ = jax.vmap(env.reset)(jax.random.split(reset_key, p))
     symbols = jax.vmap(env.render_symbols)(states)
     first_ids, first_n = codec.first_prompt(symbols, jnp.full((p,), config.max_actions_per_traj))
-    group_cache = _prefill(model, first_ids, first_n,
-                           KVCache.init(model.config, p, length, config.cache_dtype))
+    group_cache = _prefill(model, *_shard_rows((first_ids, first_n, KVCache.init(
+        model.config, p, length, config.cache_dtype)), mesh))
     cache = _repeat_cache(group_cache, n)
     first_ids, first_n = jnp.repeat(first_ids, n, axis=0), jnp.repeat(first_n, n, axis=0)
     states = group_states(states, n, shared_randomness=config.shared_env_randomness)
@@ -243,7 +260,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
             jnp.any(going) & (k + 1 < turns), next_message, lambda args: args, (cache, buf, filled))
         carry = (cache, buf, mask, tids, blogp, bent, filled, states, going, taken, success,
                  effective)
-        return carry, outputs
+        return _shard_rows(carry, mesh), _shard_rows(outputs, mesh)
 
     buf = _write(jnp.full((b, length), pad_id, jnp.int32), jnp.zeros((b,), jnp.int32),
                  first_ids, first_n)
@@ -252,7 +269,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     init = (cache, buf, jnp.zeros((b, length), bool), jnp.full((b, length), -1, jnp.int32),
             zeros_f, zeros_f, first_n, states, jnp.ones((b,), bool), zeros_i,
             jnp.zeros((b,), bool), zeros_i)
-    carry, per_turn = jax.lax.scan(turn, init, jnp.arange(turns))
+    carry, per_turn = jax.lax.scan(turn, _shard_rows(init, mesh), jnp.arange(turns))
     _, buf, mask, tids, blogp, bent, filled, _, _, taken, success, effective = carry
     per_turn = jax.tree.map(lambda x: x.T, per_turn)  # [T, B] -> [B, T]
     return Rollout(tokens=buf, lengths=filled, prompt_lengths=first_n, loss_mask=mask,
@@ -265,17 +282,20 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
 
 def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                     config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
-                    clock: PhaseClock | None = None) -> Rollout:
+                    clock: PhaseClock | None = None, mesh: Mesh | None = None) -> Rollout:
     """`rollout` of config.groups groups in config.chunks sequential pieces (lax.map), piece c
     with key fold_in(key, c); rows stay group-major. One chunk is exactly `rollout(.., key)`.
-    With a clock, clock("rollout_chunk", c) runs on the host as piece c ends (phases.py)."""
+    With a clock, clock("rollout_chunk", c) runs on the host as piece c ends (phases.py). With a
+    mesh, each piece's rows are split over its data axes."""
     if config.chunks == 1:
-        return rollout(graphdef, params, env, codec, config, key, eos_id=eos_id, pad_id=pad_id)
+        return rollout(graphdef, params, env, codec, config, key, eos_id=eos_id, pad_id=pad_id,
+                       mesh=mesh)
     piece = dataclasses.replace(config, groups=config.groups // config.chunks, chunks=1)
 
     def one(c):
         out = rollout(graphdef, params, env, codec, piece, jax.random.fold_in(key, c),
-                      eos_id=eos_id, pad_id=pad_id)
+                      eos_id=eos_id, pad_id=pad_id, mesh=mesh)
         return mark(clock, "rollout_chunk", out, c)
 
-    return merge_rows(jax.lax.map(one, jnp.arange(config.chunks)))
+    pieces = jax.lax.map(one, jnp.arange(config.chunks))  # [chunks, rows / chunks, ...]
+    return merge_rows(jax.tree.map(lambda x: constrain_batch(x, mesh, 1), pieces))

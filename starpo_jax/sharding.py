@@ -5,6 +5,9 @@ dimension, FSDP style) and "tp" (tensor parallel: heads, kv heads, MLP and vocab
 dimensions). The model's parameters carry logical axis names (`models/layers.py`:
 "vocab", "embed", "heads", "kv_heads", "mlp", "layers"); `RULES` maps them onto mesh axes. A
 dimension that the mesh axis does not divide stays replicated, so any model runs on any mesh.
+Inside the step the rows (rollout tokens, KV cache, env states, every mini- and micro-batch) are
+split over the data axes (`constrain_batch`), and each forward gathers the weights it uses
+(`gather_for_compute`): each device computes its share of the rows with whole weights.
 
     mesh = make_mesh(tp=1)                         # every device on "fsdp"
     step = make_train_step(config, env, codec, model=model, ..., mesh=mesh)
@@ -24,6 +27,8 @@ from jax.sharding import PartitionSpec as P
 from starpo_jax.models.decoder import Decoder
 
 AXES = ("fsdp", "tp")
+#: Mesh axes the batch's rows are split over (those the mesh has, outermost first).
+DATA_AXES = ("data", "fsdp")
 
 #: Logical axis name -> mesh axis (None = replicated).
 RULES: dict[str, str | None] = {
@@ -93,15 +98,49 @@ def tree_shardings(tree: Any, model: Decoder, mesh: Mesh) -> Any:
     return jax.tree_util.tree_map_with_path(one, tree)
 
 
-def constrain_batch(tree: Any, mesh: Mesh) -> Any:
-    """Inside jit: split the leading (batch) axis of every leaf over "fsdp" where it divides."""
+def data_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes that split the batch (rows): "fsdp" and any "data" axis the mesh has."""
+    return tuple(axis for axis in DATA_AXES if axis in mesh.shape)
+
+
+def constrain_batch(tree: Any, mesh: Mesh | None, axis: int = 0) -> Any:
+    """Inside jit: split dimension `axis` (the rows) of every leaf over the mesh's data axes.
+
+    A leaf whose row count the data axes' total size does not divide (or with no such
+    dimension) is left unconstrained: XLA places it (replicated, in practice), so any row count
+    works on any mesh. No mesh: the tree as it is.
+    """
+    if mesh is None:
+        return tree
+    axes = data_axes(mesh)
+    size = int(np.prod([mesh.shape[a] for a in axes]))
+    if size == 1:
+        return tree
 
     def one(x):
-        if x.ndim == 0 or x.shape[0] % mesh.shape["fsdp"]:
+        if x.ndim <= axis or x.shape[axis] % size:
             return x
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("fsdp")))
+        spec = P(*(None,) * axis, axes if len(axes) > 1 else axes[0])
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return jax.tree.map(one, tree)
+
+
+def gather_for_compute(params: Any, model: Decoder, mesh: Mesh | None) -> Any:
+    """Inside jit: the weights as a forward uses them, gathered over the data axes (which split
+    the rows instead; tensor-parallel axes stay split). Stored weights and optimiser state stay
+    sharded (FSDP); without this XLA would keep a weight split on its contracting "embed"
+    dimension and gather the whole batch's activations to every device instead. No mesh:
+    params as they are."""
+    if mesh is None:
+        return params
+    data = set(data_axes(mesh))
+
+    def one(x, sharding):
+        spec = P(*(None if axis in data else axis for axis in sharding.spec))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return jax.tree.map(one, params, tree_shardings(params, model, mesh))
 
 
 def jit_sharded_step(step: Callable, abstract_state: Any, model: Decoder, mesh: Mesh) -> Callable:

@@ -52,6 +52,7 @@ from starpo_jax.models.lora import (adapted, base_config, fresh_trainable, joine
                                     policy_structure, split_trainable, trainable_split)
 from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.rollout import Rollout, chunked_rollout
+from starpo_jax.sharding import constrain_batch, gather_for_compute
 from starpo_jax.text.codec import Codec
 
 Metrics = dict[str, jax.Array]
@@ -269,23 +270,22 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         reference_def = _graphdef(base, value_head=False, remat=opt.remat)
     actor_tx, critic_tx = _optimizer(opt.actor_lr, config), _optimizer(opt.critic_lr, config)
     group, minibatches = config.rollout.group_size, config.minibatches
-    if mesh is not None:
-        from starpo_jax.sharding import constrain_batch
-        constrain = lambda tree: constrain_batch(tree, mesh)  # noqa: E731
-    else:
-        constrain = lambda tree: tree  # noqa: E731
+    constrain = lambda tree, axis=0: constrain_batch(tree, mesh, axis)  # noqa: E731
+    # Weights gathered for each forward (stored sharded); the rows split instead.
+    gather = lambda params: gather_for_compute(params, model, mesh)  # noqa: E731
 
     slots = config.rollout.max_turns * config.rollout.reply_tokens
     chunk = min(opt.logit_chunk, slots)
     temperature = config.rollout.temperature
 
     def logprobs(params, batch, graph=train_def):
-        return sequence_logprobs(nnx.merge(graph, params), batch.tokens, batch.lengths,
+        return sequence_logprobs(nnx.merge(graph, gather(params)), batch.tokens, batch.lengths,
                                  batch.loss_mask, slots, chunk, temperature)
 
     def forward_logprobs(params, batch, graph=train_def):
         """Log-probs without a gradient, in optim.micro_batches row slices (bounds memory)."""
-        return in_row_slices(lambda b: logprobs(params, b, graph)[0], batch, opt.micro_batches)
+        return in_row_slices(lambda b: logprobs(params, b, graph)[0], batch, opt.micro_batches,
+                             mesh)
 
     def reference_logprobs(state, batch):
         if lora:
@@ -329,7 +329,8 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
 
     def critic_loss(params, mb, normaliser):
         batch = mb["rollout"]
-        values = sequence_values(nnx.merge(critic_def, params), batch.tokens, batch.lengths)
+        values = sequence_values(nnx.merge(critic_def, gather(params)), batch.tokens,
+                                 batch.lengths)
         return critic_objective(values, mb, normaliser)[0], values
 
     def minibatch_update(state: TrainState, mb) -> tuple[TrainState, Metrics]:
@@ -340,7 +341,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         trainable, frozen = trainable_split(state.actor, lora)
         grads, (logp, entropy) = accumulated_grad(
             lambda p, b: actor_loss(joined(p, frozen), b, normaliser), trainable, mb,
-            opt.micro_batches)
+            opt.micro_batches, mesh)
         loss, aux = actor_objective(logp, entropy, mb, normaliser)
         if "old_logp" not in mb:  # the one update: these log-probs are the pre-update ones
             aux.update(logprob_diff(mb["rollout"].behaviour_logp, logp, mb["rollout"].loss_mask))
@@ -352,7 +353,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         if ppo:
             grads, values = accumulated_grad(
                 lambda p, b: critic_loss(joined(p, frozen), b, normaliser), state.critic, mb,
-                opt.micro_batches)
+                opt.micro_batches, mesh)
             loss, critic_aux = critic_objective(values, mb, normaliser)
             aux.update(critic_aux, **{"critic/grad_norm": optax.tree.norm(grads)})
             critic, critic_opt, aux["critic/skipped_updates"] = apply_if(
@@ -362,8 +363,8 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         return state, aux
 
     def rollout(state: TrainState, key: jax.Array) -> Rollout:
-        out = chunked_rollout(actor_def, state.actor, env, codec, config.rollout, key,
-                              eos_id=eos_id, pad_id=pad_id, clock=phase_clock)
+        out = chunked_rollout(actor_def, gather(state.actor), env, codec, config.rollout, key,
+                              eos_id=eos_id, pad_id=pad_id, clock=phase_clock, mesh=mesh)
         return mark(phase_clock, "rollout", constrain(out))
 
     def prepare(state: TrainState, out: Rollout, ref_logp: jax.Array | None = None) -> Batch:
@@ -381,9 +382,9 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         old_logp = None if config.single_update else forward_logprobs(state.actor, kept)
         values = None
         if ppo:
-            critic = nnx.merge(critic_def, critic_params(state))
+            critic = nnx.merge(critic_def, gather(critic_params(state)))
             values = in_row_slices(lambda b: sequence_values(critic, b.tokens, b.lengths), kept,
-                                   opt.micro_batches)
+                                   opt.micro_batches, mesh)
         # With `kept` inside, the mark waits for the rollout even when nothing was computed.
         old_logp, values, kept = mark(phase_clock, "old_logprobs", (old_logp, values, kept))
         adv, returns = advantages(config, kept, values)
@@ -403,8 +404,11 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
             # Rows of kept groups first: the mini-batches left without one make no update, so
             # as many updates are made as the original's mini-batches of the kept rows.
             order = order[jnp.argsort(~batch.rollout.loss_mask[order].any(1), stable=True)]
-            split = lambda x: constrain(x[order].reshape(minibatches, -1, *x.shape[1:]))  # noqa: E731
-            return jax.lax.scan(minibatch_update, state, jax.tree.map(split, data))
+            # [minibatches, rows, ...]: each mini-batch's rows split over the devices (axis 1),
+            # not the mini-batch index (that would leave each scanned mini-batch on one device).
+            split = lambda x: x[order].reshape(minibatches, -1, *x.shape[1:])  # noqa: E731
+            return jax.lax.scan(minibatch_update, state,
+                                constrain(jax.tree.map(split, data), 1))
 
         state, aux = jax.lax.scan(epoch, state, jax.random.split(key, opt.ppo_epochs))
         state = mark(phase_clock, "update", state)
@@ -422,7 +426,8 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         """Everything after the rollout: Online-k rounds of prepare + update, the metrics, and
         the step counter advanced (a host rollout trains through this too)."""
         collapse = collapse_step_metrics(config.collapse, config.rollout, codec, actor_def,
-                                         state.actor, out, state.step, logit_chunk=opt.logit_chunk)
+                                         gather(state.actor), out, state.step,
+                                         logit_chunk=opt.logit_chunk)
         keys = jax.random.split(update_key, opt.rollout_reuse)
         batch = prepare(state, out)
         state, aux = update(state, batch, keys[0])

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from starpo_jax.models import Decoder
 from starpo_jax.models.embedded import tiny_random_config
-from starpo_jax.sharding import make_mesh, spec_for, tree_shardings
+from starpo_jax.sharding import constrain_batch, make_mesh, spec_for, tree_shardings
 
 MESH = AbstractMesh((2, 4), ("fsdp", "tp"))
 
@@ -52,3 +52,22 @@ def test_adam_moments_follow_their_parameter():
     embed = shardings["params"]["embed"].get_value().spec
     assert shardings["opt"][0].mu["embed"].get_value().spec == embed
     assert shardings["opt"][0].count.spec == P()
+
+
+def _constraints(fn, *shapes):
+    """The PartitionSpecs of the sharding constraints in fn's jaxpr on these input shapes."""
+    jaxpr = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s, "float32") for s in shapes))
+    return [e.params["sharding"].spec for e in jaxpr.eqns
+            if e.primitive.name == "sharding_constraint"]
+
+
+@pytest.mark.parametrize("mesh, expected", [
+    (AbstractMesh((4, 1), ("fsdp", "tp")), P(None, "fsdp")),
+    (AbstractMesh((2, 2, 1), ("data", "fsdp", "tp")), P(None, ("data", "fsdp"))),
+])
+def test_constrain_batch_splits_rows_that_divide(mesh, expected):
+    # [pieces, rows, ...] split on the rows (axis 1); 6 rows do not divide 4 devices: left to
+    # XLA (replicated), so any batch runs on any mesh; a 1-d leaf has no axis 1.
+    fn = lambda a, b, c: constrain_batch((a, b, c), mesh, axis=1)  # noqa: E731
+    assert _constraints(fn, (2, 8, 3), (2, 6, 3), (8,)) == [expected]
+    assert _constraints(lambda a: constrain_batch(a, None), (8, 3)) == []
