@@ -44,7 +44,9 @@ from starpo_jax.forward import (accumulated_grad, in_row_slices, sequence_logpro
 from starpo_jax.losses import aggregate, aggregate_normaliser, kl_penalty, policy_loss, value_loss
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.phases import PhaseClock, mark
-from starpo_jax.rollout import Rollout, chunked_rollout
+from starpo_jax.rollout import Rollout, _prompt_widths, chunked_rollout
+from starpo_jax.shared_prefix import (group_sorted, shared_logprobs, shared_values,
+                                      slice_plans)
 from starpo_jax.text.codec import Codec
 
 Metrics = dict[str, jax.Array]
@@ -247,14 +249,29 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     slots = config.rollout.max_turns * config.rollout.reply_tokens
     chunk = min(opt.logit_chunk, slots)
     temperature = config.rollout.temperature
+    # The plans of the shared-prefix forward over prepare's and update's row slices (None: per
+    # row); a host rollout (no codec) has no static first-prompt width here.
+    width = _prompt_widths(codec)[0] if opt.shared_prefix and codec is not None else None
+    prepare_plan, update_plan = slice_plans(width, config)
+    kept_groups = jnp.arange(config.kept_rows, dtype=jnp.int32) // group  # of each kept row
 
-    def logprobs(params, batch):
-        return sequence_logprobs(nnx.merge(train_def, params), batch.tokens, batch.lengths,
-                                 batch.loss_mask, slots, chunk, temperature)
+    def logprobs(params, batch, groups, plan):
+        model = nnx.merge(train_def, params)
+        if plan is None:
+            return sequence_logprobs(model, batch.tokens, batch.lengths, batch.loss_mask, slots,
+                                     chunk, temperature)
+        return shared_logprobs(model, batch, groups, plan, slots, chunk, temperature)
+
+    def critic_values(params, batch, groups, plan):
+        critic = nnx.merge(critic_def, params)
+        if plan is None:
+            return sequence_values(critic, batch.tokens, batch.lengths)
+        return shared_values(critic, batch, groups, plan)
 
     def forward_logprobs(params, batch):
         """Log-probs without a gradient, in optim.micro_batches row slices (bounds memory)."""
-        return in_row_slices(lambda b: logprobs(params, b)[0], batch, opt.micro_batches)
+        return in_row_slices(lambda b: logprobs(params, *b, prepare_plan)[0],
+                             (batch, kept_groups), opt.micro_batches)
 
     def actor_objective(logp, entropy, mb, normaliser):
         """(loss to minimise, metrics) of reply log-probs [rows, L] under the minibatch's
@@ -275,7 +292,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         return total, aux
 
     def actor_loss(params, mb, normaliser):
-        logp, entropy = logprobs(params, mb["rollout"])
+        logp, entropy = logprobs(params, mb["rollout"], mb["groups"], update_plan)
         total, _ = actor_objective(logp, entropy, mb, normaliser)
         return total, (logp, entropy)
 
@@ -288,8 +305,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
                       "critic/returns_mean": stats.returns_mean}
 
     def critic_loss(params, mb, normaliser):
-        batch = mb["rollout"]
-        values = sequence_values(nnx.merge(critic_def, params), batch.tokens, batch.lengths)
+        values = critic_values(params, mb["rollout"], mb["groups"], update_plan)
         return critic_objective(values, mb, normaliser)[0], values
 
     def minibatch_update(state: TrainState, mb) -> tuple[TrainState, Metrics]:
@@ -338,9 +354,8 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         old_logp = None if config.single_update else forward_logprobs(state.actor, kept)
         values = None
         if ppo:
-            critic = nnx.merge(critic_def, state.critic)
-            values = in_row_slices(lambda b: sequence_values(critic, b.tokens, b.lengths), kept,
-                                   opt.micro_batches)
+            values = in_row_slices(lambda b: critic_values(state.critic, *b, prepare_plan),
+                                   (kept, kept_groups), opt.micro_batches)
         # With `kept` inside, the mark waits for the rollout even when nothing was computed.
         old_logp, values, kept = mark(phase_clock, "old_logprobs", (old_logp, values, kept))
         adv, returns = advantages(config, kept, values)
@@ -349,7 +364,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
 
     def update(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainState, Metrics]:
         """ppo_epochs passes over the batch in shuffled mini-batches -> (state, mean metrics)."""
-        data = {"rollout": batch.rollout, "advantages": batch.advantages}
+        data = {"rollout": batch.rollout, "advantages": batch.advantages, "groups": kept_groups}
         for name in ("old_logp", "ref_logp", "old_values", "returns"):
             if getattr(batch, name) is not None:
                 data[name] = getattr(batch, name)
@@ -360,6 +375,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
             # Rows of kept groups first: the mini-batches left without one make no update, so
             # as many updates are made as the original's mini-batches of the kept rows.
             order = order[jnp.argsort(~batch.rollout.loss_mask[order].any(1), stable=True)]
+            order = group_sorted(order, minibatches, group)  # each mini-batch's rows by group
             split = lambda x: constrain(x[order].reshape(minibatches, -1, *x.shape[1:]))  # noqa: E731
             return jax.lax.scan(minibatch_update, state, jax.tree.map(split, data))
 
