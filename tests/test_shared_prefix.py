@@ -22,7 +22,7 @@ from starpo_jax.models import Decoder  # noqa: E402
 from starpo_jax.rollout import Rollout  # noqa: E402
 from starpo_jax.shared_prefix import (PrefixPlan, aligned_slots, group_sorted,  # noqa: E402
                                       shared_logprobs, shared_values, slice_plans)
-from starpo_jax.train import init_train_state, make_train_step  # noqa: E402
+from starpo_jax.train import init_train_state, make_train_fns  # noqa: E402
 from test_rollout import REPLY_TOKENS, tiny_bandit_setup  # noqa: E402
 
 GROUPS, N, WIDTH, LENGTH, SLOTS = 3, 4, 10, 24, 14
@@ -153,43 +153,57 @@ def test_slot_bounds_hold_for_every_slicing():
         aligned_slots(8, 3, 4)
 
 
-def _step(config, setup):
+ROLLOUT = RolloutConfig(groups=4, group_size=8, max_turns=2, reply_tokens=REPLY_TOKENS,
+                        mode="nothink")
+
+
+def _fns(config, setup):
     model, tok, env, codec = setup
-    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
-                           pad_id=tok.pad_token_id)
-    state, metrics = step(init_train_state(config, jax.random.PRNGKey(0), model=model),
-                          jax.random.PRNGKey(5))
+    return make_train_fns(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                          pad_id=tok.pad_token_id)
+
+
+@pytest.fixture(scope="module")
+def rollout_out():
+    """One two-turn rollout of 4 groups of 8 (the suffixes hold env messages and replies),
+    learned from by every step below."""
+    setup = tiny_bandit_setup()
+    config = TrainConfig(algo="grpo", rollout=ROLLOUT, filter=FilterConfig(keep_ratio=1.0))
+    state = init_train_state(config, jax.random.PRNGKey(0), model=setup[0])
+    return jax.jit(_fns(config, setup).rollout)(state, jax.random.PRNGKey(5))
+
+
+def _learn(config, setup, out):
+    state = init_train_state(config, jax.random.PRNGKey(0), model=setup[0])
+    state, metrics = jax.jit(_fns(config, setup).learn)(state, out, jax.random.PRNGKey(6))
     return jax.device_get((state.actor, state.critic, metrics))
 
 
-# PPO: 2 groups of 8 in 2 mini-batches of 8 rows (any rows of the 2 groups), 2 micro-batches
-# each; GRPO with KL: 2 of 4 groups kept, one mini-batch of 8 rows in 2 micro-batches, 2 epochs
-# (old and reference log-probs). Two turns: the suffixes hold env messages and replies.
-@pytest.mark.parametrize("algo,rollout,optim,loss,keep", [
-    ("ppo", dict(groups=2, group_size=8), dict(minibatch_rows=8, micro_batches=2),
-     dict(agg="seq_mean_token_mean"), 1.0),
-    ("grpo", dict(groups=4, group_size=4), dict(minibatch_rows=8, micro_batches=2, ppo_epochs=2),
-     dict(kl_coef=0.01), 0.5),
+# 2 of the 4 groups kept (16 rows). PPO: 2 mini-batches of 8 rows (any rows of the 2 groups),
+# 2 micro-batches each; GRPO with KL: one mini-batch in 2 micro-batches, 2 epochs (old and
+# reference log-probs).
+@pytest.mark.parametrize("algo,optim,loss", [
+    ("ppo", dict(minibatch_rows=8, micro_batches=2), dict(agg="seq_mean_token_mean")),
+    ("grpo", dict(minibatch_rows=16, micro_batches=2, ppo_epochs=2), dict(kl_coef=0.01)),
 ])
-def test_train_step_equals_the_per_row_step(algo, rollout, optim, loss, keep):
+def test_train_step_equals_the_per_row_step(algo, optim, loss, rollout_out):
     """With shared prefixes the step's metrics (losses, grad norms, log-prob diffs, values,
     KL) and the updated weights are the per-row step's."""
     setup = tiny_bandit_setup()
     base = TrainConfig(
-        algo=algo,
-        rollout=RolloutConfig(**rollout, max_turns=2, reply_tokens=REPLY_TOKENS, mode="nothink"),
-        filter=FilterConfig(keep_ratio=keep),
+        algo=algo, rollout=ROLLOUT, filter=FilterConfig(keep_ratio=0.5),
         loss=LossConfig(entropy_coef=0.01, **loss),
         optim=OptimConfig(actor_lr=1e-3, critic_lr=1e-3, shared_prefix=False, **optim))
     on = dataclasses.replace(base, optim=dataclasses.replace(base.optim, shared_prefix=True))
     plans = slice_plans(8, on)
     assert all(plan is not None for plan in plans), plans  # the shared path really runs
-    want_actor, want_critic, want = _step(base, setup)
-    actor, critic, got = _step(on, setup)
+    want_actor, want_critic, want = _learn(base, setup, rollout_out)
+    actor, critic, got = _learn(on, setup, rollout_out)
     assert got.keys() == want.keys()
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
-    # Adam's first steps move each weight by about lr whatever the gradient's size, so equal
-    # weights to 1% of lr mean equal gradients (a near-zero gradient's step is the rounding's).
+    # Adam moves each weight by about lr whatever the gradient's size: equal weights to 5% of
+    # lr mean equal gradients (a near-zero gradient element's step is its rounding's; the
+    # gradients themselves are compared in the test above).
     for a, b in zip(jax.tree.leaves((actor, critic)), jax.tree.leaves((want_actor, want_critic))):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a, b, rtol=0, atol=5e-5)
