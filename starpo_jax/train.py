@@ -20,6 +20,8 @@ leaves the weights and optimiser state as they were and is counted (actor/skippe
 critic/skipped_updates). With exactly one update on a rollout (one mini-batch, one
 epoch, k = 1) the ratio is 1 by construction and the separate old-log-prob forward is skipped.
 The reference forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
+Every forward over rows runs each group's first prompt once per row slice, the rows attending to
+its keys and values (optim.shared_prefix, shared_prefix.py; a host rollout's rows run whole).
 Parameters are arguments of the compiled function, never constants inside it.
 """
 

@@ -16,7 +16,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from starpo_jax.config import FilterConfig, LossConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
+from starpo_jax.config import (FilterConfig, LossConfig, OptimConfig,  # noqa: E402
+                               RolloutConfig, TrainConfig)
 from starpo_jax.forward import sequence_logprobs, sequence_values  # noqa: E402
 from starpo_jax.models import Decoder  # noqa: E402
 from starpo_jax.rollout import Rollout  # noqa: E402
@@ -207,3 +208,17 @@ def test_train_step_equals_the_per_row_step(algo, optim, loss, rollout_out):
     # gradients themselves are compared in the test above).
     for a, b in zip(jax.tree.leaves((actor, critic)), jax.tree.leaves((want_actor, want_critic))):
         np.testing.assert_allclose(a, b, rtol=0, atol=5e-5)
+
+
+def test_switch_is_validated_and_plans_fall_back_when_nothing_is_shared():
+    """optim.shared_prefix must be a bool; a slice with as many groups as rows, or no known
+    first-prompt width (a host rollout), runs the per-row forward."""
+    with pytest.raises(ValueError, match="optim.shared_prefix = 1 is invalid; valid: True or"):
+        OptimConfig(shared_prefix=1)
+    config = TrainConfig(rollout=RolloutConfig(groups=4, group_size=2),
+                         filter=FilterConfig(keep_ratio=1.0),
+                         optim=OptimConfig(minibatch_rows=4, micro_batches=2))
+    # prepare: 2 slices of 4 group-major rows (2 groups each); update: 2-row slices of
+    # mini-batches of any 4 rows (up to 2 groups): no fewer prefixes than rows.
+    assert slice_plans(8, config) == (PrefixPlan(8, 2), None)
+    assert slice_plans(None, config) == (None, None)
