@@ -260,6 +260,10 @@ class OptimConfig:
     and reference log-probs, the critic's values) run over the kept rows in as many slices;
     remat recomputes each decoder layer's activations in the backward pass of the actor and
     critic instead of storing them.
+
+    shared_prefix (results unchanged up to float rounding): those forwards and the update's run
+    each group's first prompt once per slice of rows rather than once per row, the rows
+    attending to its keys and values (shared_prefix.py); False runs every row whole.
     """
 
     actor_lr: float = 1e-6
@@ -272,6 +276,7 @@ class OptimConfig:
     logit_chunk: int = 128  # reply tokens per chunk when computing [*, V] logits
     micro_batches: int = 1
     remat: bool = False
+    shared_prefix: bool = True
 
     def __post_init__(self) -> None:
         o = "optim"
@@ -282,8 +287,9 @@ class OptimConfig:
         for name in ("ppo_epochs", "minibatch_rows", "rollout_reuse", "logit_chunk",
                      "micro_batches"):
             _int(o, name, getattr(self, name))
-        if not isinstance(self.remat, bool):
-            _fail(o, "remat", self.remat, "True or False")
+        for name in ("remat", "shared_prefix"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(o, name, getattr(self, name), "True or False")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

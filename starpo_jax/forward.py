@@ -93,13 +93,24 @@ def sequence_logprobs(model: Decoder, tokens: jax.Array, lengths: jax.Array,
     the mask. Logits exist only for the reply positions, `chunk` of them at a time, and are
     recomputed in the backward pass: the [*, V] projection is the costly part for small models.
     """
-    b = tokens.shape[0]
     mask = jnp.arange(tokens.shape[1]) < lengths[:, None]
     hidden = model.hidden_states(tokens, attention_mask=mask)
+    start = jnp.zeros(tokens.shape[:1], jnp.int32)
+    return logprobs_from_hidden(model, hidden, start, tokens, loss_mask, slots, chunk, temperature)
+
+
+def logprobs_from_hidden(model: Decoder, hidden: jax.Array, start: jax.Array, tokens: jax.Array,
+                         loss_mask: jax.Array, slots: int, chunk: int, temperature: float = 1.0,
+                         ) -> tuple[jax.Array, jax.Array]:
+    """`sequence_logprobs` from hidden states [B, S, D] of positions start[b] .. start[b] + S - 1
+    of each row (start [B] int32; every reply position t must have start <= t - 1 < start + S);
+    tokens [B, L] int32, loss_mask [B, L] bool. Returns (logp, entropy) [B, L] float32."""
+    b = tokens.shape[0]
     positions, used = reply_slots(loss_mask, slots)
     rows = jnp.arange(b)[:, None]
     # The hidden state at t - 1 predicts the token at t.
-    h = hidden[rows, jnp.maximum(positions - 1, 0)]
+    index = jnp.clip(positions - 1 - start[:, None], 0, hidden.shape[1] - 1)
+    h = hidden[rows, index]
     targets = tokens[rows, positions]
     pad = -slots % chunk
     h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))

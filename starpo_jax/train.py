@@ -20,6 +20,8 @@ leaves the weights and optimiser state as they were and is counted (actor/skippe
 critic/skipped_updates). With exactly one update on a rollout (one mini-batch, one
 epoch, k = 1) the ratio is 1 by construction and the separate old-log-prob forward is skipped.
 The reference forward exists only when loss.kl_coef > 0 (a Python branch on the static config).
+Every forward over rows runs each group's first prompt once per row slice, the rows attending to
+its keys and values (optim.shared_prefix, shared_prefix.py; a host rollout's rows run whole).
 Parameters are arguments of the compiled function, never constants inside it.
 
 With LoRA (config.lora.rank > 0; models/lora.py) the actor is the model with adapters; only the
@@ -51,7 +53,9 @@ from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.lora import (adapted, base_config, fresh_trainable, joined,
                                     policy_structure, split_trainable, trainable_split)
 from starpo_jax.phases import PhaseClock, mark
-from starpo_jax.rollout import Rollout, chunked_rollout
+from starpo_jax.rollout import Rollout, _prompt_widths, chunked_rollout
+from starpo_jax.shared_prefix import (group_sorted, shared_logprobs, shared_values,
+                                      slice_plans)
 from starpo_jax.sharding import constrain_batch, gather_for_compute
 from starpo_jax.text.codec import Codec
 
@@ -277,15 +281,31 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     slots = config.rollout.max_turns * config.rollout.reply_tokens
     chunk = min(opt.logit_chunk, slots)
     temperature = config.rollout.temperature
+    # The plans of the shared-prefix forward over prepare's and update's row slices (None: per
+    # row); a host rollout (no codec) has no static first-prompt width here, and over a mesh
+    # the rows run whole (the packed shared-prefix forward is one row: it would not split).
+    shared = opt.shared_prefix and codec is not None and mesh is None
+    width = _prompt_widths(codec)[0] if shared else None
+    prepare_plan, update_plan = slice_plans(width, config)
+    kept_groups = jnp.arange(config.kept_rows, dtype=jnp.int32) // group  # of each kept row
 
-    def logprobs(params, batch, graph=train_def):
-        return sequence_logprobs(nnx.merge(graph, gather(params)), batch.tokens, batch.lengths,
-                                 batch.loss_mask, slots, chunk, temperature)
+    def logprobs(params, batch, groups, plan, graph=train_def):
+        model = nnx.merge(graph, gather(params))
+        if plan is None:
+            return sequence_logprobs(model, batch.tokens, batch.lengths, batch.loss_mask, slots,
+                                     chunk, temperature)
+        return shared_logprobs(model, batch, groups, plan, slots, chunk, temperature)
+
+    def critic_values(params, batch, groups, plan):
+        critic = nnx.merge(critic_def, gather(params))
+        if plan is None:
+            return sequence_values(critic, batch.tokens, batch.lengths)
+        return shared_values(critic, batch, groups, plan)
 
     def forward_logprobs(params, batch, graph=train_def):
         """Log-probs without a gradient, in optim.micro_batches row slices (bounds memory)."""
-        return in_row_slices(lambda b: logprobs(params, b, graph)[0], batch, opt.micro_batches,
-                             mesh)
+        return in_row_slices(lambda b: logprobs(params, *b, prepare_plan, graph)[0],
+                             (batch, kept_groups), opt.micro_batches, mesh)
 
     def reference_logprobs(state, batch):
         if lora:
@@ -315,7 +335,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         return total, aux
 
     def actor_loss(params, mb, normaliser):
-        logp, entropy = logprobs(params, mb["rollout"])
+        logp, entropy = logprobs(params, mb["rollout"], mb["groups"], update_plan)
         total, _ = actor_objective(logp, entropy, mb, normaliser)
         return total, (logp, entropy)
 
@@ -328,9 +348,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
                       "critic/returns_mean": stats.returns_mean}
 
     def critic_loss(params, mb, normaliser):
-        batch = mb["rollout"]
-        values = sequence_values(nnx.merge(critic_def, gather(params)), batch.tokens,
-                                 batch.lengths)
+        values = critic_values(params, mb["rollout"], mb["groups"], update_plan)
         return critic_objective(values, mb, normaliser)[0], values
 
     def minibatch_update(state: TrainState, mb) -> tuple[TrainState, Metrics]:
@@ -382,9 +400,9 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         old_logp = None if config.single_update else forward_logprobs(state.actor, kept)
         values = None
         if ppo:
-            critic = nnx.merge(critic_def, gather(critic_params(state)))
-            values = in_row_slices(lambda b: sequence_values(critic, b.tokens, b.lengths), kept,
-                                   opt.micro_batches, mesh)
+            values = in_row_slices(
+                lambda b: critic_values(critic_params(state), *b, prepare_plan),
+                (kept, kept_groups), opt.micro_batches, mesh)
         # With `kept` inside, the mark waits for the rollout even when nothing was computed.
         old_logp, values, kept = mark(phase_clock, "old_logprobs", (old_logp, values, kept))
         adv, returns = advantages(config, kept, values)
@@ -393,7 +411,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
 
     def update(state: TrainState, batch: Batch, key: jax.Array) -> tuple[TrainState, Metrics]:
         """ppo_epochs passes over the batch in shuffled mini-batches -> (state, mean metrics)."""
-        data = {"rollout": batch.rollout, "advantages": batch.advantages}
+        data = {"rollout": batch.rollout, "advantages": batch.advantages, "groups": kept_groups}
         for name in ("old_logp", "ref_logp", "old_values", "returns"):
             if getattr(batch, name) is not None:
                 data[name] = getattr(batch, name)
@@ -404,6 +422,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
             # Rows of kept groups first: the mini-batches left without one make no update, so
             # as many updates are made as the original's mini-batches of the kept rows.
             order = order[jnp.argsort(~batch.rollout.loss_mask[order].any(1), stable=True)]
+            order = group_sorted(order, minibatches, group)  # each mini-batch's rows by group
             # [minibatches, rows, ...]: each mini-batch's rows split over the devices (axis 1),
             # not the mini-batch index (that would leave each scanned mini-batch on one device).
             split = lambda x: x[order].reshape(minibatches, -1, *x.shape[1:])  # noqa: E731

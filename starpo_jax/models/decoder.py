@@ -11,6 +11,8 @@ Pass parameters into compiled code rather than closing over them:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -86,14 +88,22 @@ class Decoder(nnx.Module):
         positions: jax.Array | None = None,
         attention_mask: jax.Array | None = None,
         cache: KVCache | None = None,
+        attend: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
-        """Final-normed hidden states [B, T, D] (compute dtype), and the new cache when given."""
+        """Final-normed hidden states [B, T, D] (compute dtype), and the new cache when given.
+
+        attend (with positions, no mask or cache): the attention of every layer, replacing the
+        causal one (see LayerStack; the shared-prefix forward, shared_prefix.py)."""
         _check_inputs(input_ids, positions, attention_mask, cache)
         cfg = self.config
         b, t = input_ids.shape
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
         steps = jnp.arange(t, dtype=jnp.int32)
-        if cache is None:
+        if attend is not None:
+            if positions is None or attention_mask is not None or cache is not None:
+                raise ValueError("attend needs positions, and no attention_mask or cache")
+            visible = kv = None
+        elif cache is None:
             if positions is None:
                 positions = jnp.maximum(jnp.cumsum(mask, axis=-1, dtype=jnp.int32) - 1, 0)
             visible = (steps[None, :, None] >= steps[None, None, :]) & mask[:, None, :]
@@ -111,7 +121,7 @@ class Decoder(nnx.Module):
 
         h = jnp.take(self.embed[...], input_ids, axis=0).astype(cfg.compute_dtype)
         cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-        h, new_kv = self.layers(h, cos, sin, visible, kv)
+        h, new_kv = self.layers(h, cos, sin, visible, kv, attend)
         h = rms_norm(h, self.final_norm[...], cfg.rms_norm_eps)
         if cache is None:
             return h

@@ -7,6 +7,8 @@ program holds one copy of the layer whatever the depth. Weights are stored in `[
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -67,8 +69,10 @@ def attention(
     and values against float32 queries (a bfloat16 cache) are read as they are stored: see
     `_dot_f32`.
 
-    `causal=True` promises that query t sees no key s > t (S == T, no cache): the queries then
-    go in blocks of CAUSAL_BLOCK, each against only the keys up to its last query, which skips
+    `causal=True` promises that query t sees no key s > t + S - T (the queries are the last T
+    of the S key positions: S == T without a cache, S > T for the rows of the shared-prefix
+    forward, whose keys start with their prefix's): the queries then go in blocks of
+    CAUSAL_BLOCK, each against only the keys up to its last query, which skips
     the upper triangle (about half the work and of the saved probabilities at T = 512, more
     than half the time of SmolLM2's attention forward+backward; measured in
     experiments/bench_sampler.py's training row). A query with no visible key (padding) gets a
@@ -81,7 +85,8 @@ def attention(
     kvh = k.shape[1]
     qh = q.reshape(b, t, kvh, h // kvh, hd).transpose(0, 2, 3, 1, 4)  # [B, KVH, G, T, hd]
     if causal:
-        bounds = [(i, min(i + CAUSAL_BLOCK, t), min(i + CAUSAL_BLOCK, t))
+        offset = k.shape[2] - t
+        bounds = [(i, min(i + CAUSAL_BLOCK, t), offset + min(i + CAUSAL_BLOCK, t))
                   for i in range(0, t, CAUSAL_BLOCK)]
     else:
         bounds = [(i, min(i + PREFILL_BLOCK, t), k.shape[2]) for i in range(0, t, PREFILL_BLOCK)]
@@ -320,12 +325,16 @@ class LayerStack(nnx.Module):
         sin: jax.Array,
         visible: jax.Array,
         kv: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+        attend: Callable[[jax.Array, jax.Array, jax.Array], jax.Array] | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """Runs every layer.
 
         h [B, T, D]; cos, sin [B, T, head_dim]; visible [B, T, S] bool (S = T without a cache).
         kv = (k, v, slots) with k, v [num_layers, B, KVH, S, hd] and slots [B, T] int32, the
         cache slots the new tokens are written to (out-of-range slots are dropped).
+        attend (no cache; visible unused): the attention itself, (q [B, T, H, hd], k, v
+        [B, T, KVH, hd]) -> [B, T, H, hd], for a batch whose tokens are not rows of one causal
+        sequence (the shared-prefix forward packs prefixes and suffixes into one row).
         Returns the new h [B, T, D] and the updated (k, v), or None without a cache.
         """
         cfg = self.config
@@ -359,8 +368,11 @@ class LayerStack(nnx.Module):
             def body(h, w):
                 q, k, v = attention_inputs(h, w)
                 heads_first = (0, 2, 1, 3)  # [B, KVH, T, hd], the layout attention reads
-                attn = attention(q, k.transpose(heads_first), v.transpose(heads_first), visible,
-                                 causal=True)
+                if attend is not None:
+                    attn = attend(q, k, v)
+                else:
+                    attn = attention(q, k.transpose(heads_first), v.transpose(heads_first),
+                                     visible, causal=True)
                 return mlp_block(h, w, attn), None
 
             if cfg.remat:
