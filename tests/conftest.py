@@ -13,10 +13,11 @@ import pytest
 # --durations`), handed to the xdist workers first (`--no-loadscope-reorder` in pyproject.toml
 # keeps this order): the last file a worker takes is then a short one and the two workers end
 # together. Files not listed follow in collection order.
-HEAVY_FIRST = ("test_freetext_train.py", "test_train.py", "test_rollout.py",
-               "test_host_rollout.py", "test_lora.py", "test_faults.py", "test_collapse.py",
-               "test_notebooks.py", "test_text_env_states.py", "test_host_train.py",
-               "test_faithful.py", "test_text_free.py", "test_sweep.py", "test_filtering.py",
+HEAVY_FIRST = ("test_freetext_train.py", "test_autofit.py", "test_train.py",
+               "test_shared_prefix.py", "test_rollout.py", "test_host_rollout.py",
+               "test_lora.py", "test_faults.py", "test_collapse.py", "test_notebooks.py",
+               "test_text_env_states.py", "test_host_train.py", "test_faithful.py",
+               "test_text_free.py", "test_sweep.py", "test_memory.py", "test_filtering.py",
                "test_sampling.py")
 _CACHE = pytest.StashKey[str]()
 
