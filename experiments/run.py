@@ -184,10 +184,11 @@ def _train(exp: api.Experiment, workdir: Path, resume: bool, stop: threading.Eve
 def _check_memory(exp: api.Experiment, saved: Path | None, primary: bool) -> dict | None:
     """The step compiled and sized against the free memory before step 1 (api.check_memory:
     MemoryError when it cannot fit), unless check_memory=False or a host env (no one program
-    to size). Memory knobs left unset take the settings of `saved` config.json's record (a
-    resumed run steps as before) or are chosen now. Returns the record for config.json."""
+    to size) or a step function swapped into `exp` (Experiment.own_step). Memory knobs left
+    unset take the settings of `saved` config.json's record (a resumed run steps as before) or
+    are chosen now. Returns the record for config.json."""
     c = exp.config
-    if not c.check_memory or c.env.name in envs_host.names():
+    if not c.check_memory or c.env.name in envs_host.names() or not exp.own_step:
         return None
     previous = _saved_memory(saved)
     if previous and exp.auto and exp.memory is None:

@@ -356,8 +356,9 @@ class Experiment:
         """One iteration (rollout, filter, update) -> its metrics as host floats. `key`
         defaults to the run's key; the state's step counter is folded in either way. The
         first call chooses the unset memory knobs (check_memory; self.memory.line() says
-        what and why)."""
-        if self.auto and self.memory is None and self.config.check_memory:
+        what and why) unless the step is not this Experiment's own (a step function swapped in
+        with dataclasses.replace runs as given: it cannot be compiled again with other knobs)."""
+        if self.own_step and self.auto and self.memory is None and self.config.check_memory:
             check_memory(self)
         if self.progress is not None:
             self.progress.start(self.steps_done + 1)
@@ -382,6 +383,12 @@ class Experiment:
                 eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
         self.train = train
         self.progress, self.train_step = self._steps[train]
+
+    @property
+    def own_step(self) -> bool:
+        """Whether train_step is the step this Experiment compiled for `train` (not a function
+        swapped in, which can be neither sized nor compiled again with other knobs)."""
+        return self._steps.get(self.train, (None, None))[1] is self.train_step
 
     @property
     def steps_done(self) -> int:
