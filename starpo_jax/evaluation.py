@@ -17,8 +17,9 @@ Modes: "greedy" (argmax, one rollout per initial state) and "sampled" (the eval 
 `pass_k` rollouts per initial state: pass@k is the fraction of initial states where any of the
 k succeeds). Each (env, mode) is its own compiled program (the env and the batch shape are
 static), compiled at its first call and reused by every later evaluation with the same env
-object: on CPU every distinct env costs a rollout compile. The rollout settings are the training ones (turns, token
-budgets, mode) with the batch shape and temperature swapped.
+object: on CPU every distinct env costs a rollout compile. The rollout settings are the
+training ones (turns, token budgets, mode) with the batch shape and temperature swapped. Host
+envs: host_train.HostEvaluator, on the same EvaluatorBase.
 
 Metric names: val/<env>/<mode>/{success, reward, num_turns, num_actions, action_is_valid,
 response_length} and, in sampled mode with pass_k > 1, val/<env>/sampled/pass@<k> (greedy
@@ -134,7 +135,52 @@ class EvalResult:
     rollouts: dict[tuple[str, str], Rollout]
 
 
-class Evaluator:
+class EvaluatorBase:
+    """What every evaluator shares: `evaluate` runs each (env, mode) through `_run` and names
+    the metrics; `samples_text` shows conversations. A subclass sets config (EvalConfig),
+    tokenizer, sample_key and group_sizes ({mode: rollouts per initial state})."""
+
+    config: EvalConfig
+    tokenizer: Any
+    sample_key: jax.Array
+    group_sizes: dict[str, int]
+
+    def _run(self, name: str, mode: str, params: nnx.State,
+             sample_key: jax.Array) -> tuple[dict[str, jax.Array], Rollout]:
+        """(eval_metrics of the rollouts, the rollouts) of env `name` in `mode`."""
+        raise NotImplementedError
+
+    def evaluate(self, params: nnx.State, sample_key: jax.Array | None = None,
+                 envs: tuple[str, ...] | None = None) -> EvalResult:
+        """Runs every mode on `envs` (default: all of config.envs) with the policy `params`."""
+        sample_key = self.sample_key if sample_key is None else sample_key
+        envs = self.config.envs if envs is None else envs
+        unknown = [name for name in envs if name not in self.config.envs]
+        if unknown:
+            raise ValueError(f"envs {unknown} are not evaluated here; valid: {self.config.envs}")
+        metrics, rollouts = {}, {}
+        for name in envs:
+            for mode in self.config.modes:
+                values, out = self._run(name, mode, params, sample_key)
+                rollouts[name, mode] = out
+                for metric, value in jax.device_get(values).items():
+                    metrics[f"val/{name}/{mode}/{metric}"] = float(value)
+        return EvalResult(metrics=metrics, rollouts=rollouts)
+
+    def samples_text(self, result: EvalResult) -> str:
+        """The first config.samples initial states' conversations of every (env, mode) in
+        `result` (one rollout per initial state)."""
+        parts = []
+        for (name, mode), out in result.rollouts.items():
+            k = self.group_sizes[mode]
+            shown = min(self.config.samples, out.success.shape[0] // k)
+            parts.append(f"##### {name} / {mode}: {shown} of {out.success.shape[0] // k} "
+                         "held-out initial states\n")
+            parts += [format_conversation(self.tokenizer, out, g * k) for g in range(shown)]
+        return "\n".join(parts)
+
+
+class Evaluator(EvaluatorBase):
     """The compiled eval programs of one run, one per (env, mode); see the module docstring.
 
     envs maps each name of config.envs to (env, codec), the codec built for that env with the
@@ -166,40 +212,9 @@ class Evaluator:
         """[episodes, 2] uint32: the keys env.reset draws the held-out initial states from."""
         return jax.random.split(self.reset_key, self.config.episodes)
 
-    def evaluate(self, params: nnx.State, sample_key: jax.Array | None = None,
-                 envs: tuple[str, ...] | None = None) -> EvalResult:
-        """Runs every mode on `envs` (default: all of config.envs) with the policy `params`."""
-        sample_key = self.sample_key if sample_key is None else sample_key
-        envs = self.config.envs if envs is None else envs
-        unknown = [name for name in envs if name not in self.config.envs]
-        if unknown:
-            raise ValueError(f"envs {unknown} are not evaluated here; valid: {self.config.envs}")
-        metrics, rollouts = {}, {}
-        for name in envs:
-            for mode in self.config.modes:
-                values, out = self._programs[name, mode](params, self.reset_key, sample_key)
-                rollouts[name, mode] = out
-                for metric, value in jax.device_get(values).items():
-                    metrics[f"val/{name}/{mode}/{metric}"] = float(value)
-        return EvalResult(metrics=metrics, rollouts=rollouts)
+    def _run(self, name, mode, params, sample_key):
+        return self._programs[name, mode](params, self.reset_key, sample_key)
 
-    def samples_text(self, result: EvalResult) -> str:
-        """The first config.samples initial states' conversations of every (env, mode) in
-        `result` (one rollout per initial state)."""
-        return samples_text(self.tokenizer, result, self.group_sizes, self.config.samples)
-
-
-def samples_text(tokenizer: Any, result: EvalResult, group_sizes: Mapping[str, int],
-                 samples: int) -> str:
-    """Evaluator.samples_text for any evaluator: group_sizes[mode] rollouts per initial state."""
-    parts = []
-    for (name, mode), out in result.rollouts.items():
-        k = group_sizes[mode]
-        shown = min(samples, out.success.shape[0] // k)
-        parts.append(f"##### {name} / {mode}: {shown} of {out.success.shape[0] // k} "
-                     "held-out initial states\n")
-        parts += [format_conversation(tokenizer, out, g * k) for g in range(shown)]
-    return "\n".join(parts)
 
 
 # Module-level with the env static and the codec an argument: an Evaluator built again for the

@@ -26,8 +26,8 @@ from flax import nnx
 import envs_host
 from envs_host.pool import EnvPool, PoolConfig
 from starpo_jax.config import RolloutConfig, TrainConfig
-from starpo_jax.evaluation import (EvalConfig, EvalResult, eval_metrics, eval_rollout_config,
-                                   heldout_keys, samples_text)
+from starpo_jax.evaluation import (EvalConfig, EvaluatorBase, eval_metrics, eval_rollout_config,
+                                   heldout_keys)
 from starpo_jax.host_rollout import host_rollout
 from starpo_jax.host_text import HostText, build_host_text
 from starpo_jax.models.decoder import Decoder
@@ -76,7 +76,7 @@ class HostTrainStep:
         self.pool.close()
 
 
-class HostEvaluator:
+class HostEvaluator(EvaluatorBase):
     """evaluation.Evaluator for host envs (see the module docstring). envs maps each name of
     config.envs to (factory, HostText); pools are built at their first evaluation: `close()`."""
 
@@ -98,33 +98,17 @@ class HostEvaluator:
         self.group_sizes = {m: s.group_size for m, s in self.settings.items()}
         self._pools: dict[tuple[str, str], EnvPool] = {}
 
-    def evaluate(self, params: nnx.State, sample_key: jax.Array | None = None,
-                 envs: tuple[str, ...] | None = None) -> EvalResult:
-        """Runs every mode on `envs` (default: all of config.envs) with the policy `params`."""
-        sample_key = self.sample_key if sample_key is None else sample_key
-        envs = self.config.envs if envs is None else envs
-        unknown = [name for name in envs if name not in self.config.envs]
-        if unknown:
-            raise ValueError(f"envs {unknown} are not evaluated here; valid: {self.config.envs}")
-        metrics, rollouts = {}, {}
-        for name in envs:
-            factory, text = self.envs[name]
-            for mode, settings in self.settings.items():
-                pool = self._pools.get((name, mode))
-                if pool is None:
-                    pool = self._pools[name, mode] = EnvPool(
-                        name, factory, settings.batch_size, self.pool_config)
-                out, _ = host_rollout(self.graphdef, params, pool, text, settings, sample_key,
-                                      eos_id=self.eos_id, pad_id=self.pad_id, seeds=self.seeds,
-                                      greedy=mode == "greedy")
-                rollouts[name, mode] = out
-                values = jax.device_get(eval_metrics(out, settings.group_size))
-                metrics.update((f"val/{name}/{mode}/{k}", float(v)) for k, v in values.items())
-        return EvalResult(metrics=metrics, rollouts=rollouts)
-
-    def samples_text(self, result: EvalResult) -> str:
-        """As evaluation.Evaluator.samples_text."""
-        return samples_text(self.tokenizer, result, self.group_sizes, self.config.samples)
+    def _run(self, name, mode, params, sample_key):
+        factory, text = self.envs[name]
+        settings = self.settings[mode]
+        pool = self._pools.get((name, mode))
+        if pool is None:
+            pool = self._pools[name, mode] = EnvPool(name, factory, settings.batch_size,
+                                                     self.pool_config)
+        out, _ = host_rollout(self.graphdef, params, pool, text, settings, sample_key,
+                              eos_id=self.eos_id, pad_id=self.pad_id, seeds=self.seeds,
+                              greedy=mode == "greedy")
+        return eval_metrics(out, settings.group_size), out
 
     def close(self) -> None:
         for pool in self._pools.values():
