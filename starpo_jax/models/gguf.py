@@ -76,12 +76,17 @@ def open_gguf(path: str | os.PathLike) -> GGUFReader:
     does not start with the GGUF magic or is truncated/corrupt (its header or tensor data run past
     the end of the file).
     """
+    return _open_gguf_cached(*_file_version(path))
+
+
+def _file_version(path: str | os.PathLike) -> tuple[str, int, int]:
+    """(resolved path, size, mtime_ns): the cache key of a file's contents (a file rewritten in
+    place is read again). FileNotFoundError for a missing file."""
     file = Path(path).expanduser().resolve()
     if not file.is_file():
         raise FileNotFoundError(f"GGUF file not found: {str(path)!r} (resolved to {str(file)!r})")
     stat = file.stat()
-    # The key includes size and mtime so a file rewritten in place is read again.
-    return _open_gguf_cached(str(file), stat.st_size, stat.st_mtime_ns)
+    return str(file), stat.st_size, stat.st_mtime_ns
 
 
 @functools.lru_cache(maxsize=4)
@@ -288,11 +293,7 @@ def load_gguf_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     vocabulary is cached per file version (in memory, and on disk across processes), so
     repeated calls cost a copy (~0.2 s), not a parse. Errors as `open_gguf`'s.
     """
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {str(path)!r} (resolved to {str(file)!r})")
-    stat = file.stat()
-    return wrap_tokenizer(*_tokenizer_parts(str(file), stat.st_size, stat.st_mtime_ns))
+    return wrap_tokenizer(*_tokenizer_parts(*_file_version(path)))
 
 
 def load_gguf(
