@@ -9,7 +9,8 @@ One rollout of the config is sampled; `learn` (filter, old log-probs / values, t
 updates) is compiled for optim.shared_prefix True and False and run on it alternately
 (on, off, on, off, ...), so both see the same load on a shared machine. Prints each variant's
 compile seconds, XLA's temporary memory for the program (GiB), the median seconds of a run and
-the buffer tokens of the kept rows (kept rows x mean row length) per second, and checks that both give the same metrics.
+the buffer tokens of the kept rows (kept rows x mean row length) per second, and checks that
+both give the same metrics.
 """
 
 from __future__ import annotations

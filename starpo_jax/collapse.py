@@ -131,9 +131,9 @@ def metrics_from_scores(scores: jax.Array, reply_lengths: jax.Array, same: jax.A
     mean = lambda x: jnp.sum(x * weight)  # noqa: E731  (over rows with a reply)
     per_token = scores / jnp.maximum(reply_lengths, 1)[:, None]
 
-    def mi(l):
-        matched = l[jnp.arange(b), own]
-        return mean(matched - jax.nn.logsumexp(l, axis=1) + math.log(p))
+    def mi(logits):
+        matched = logits[jnp.arange(b), own]
+        return mean(matched - jax.nn.logsumexp(logits, axis=1) + math.log(p))
 
     best = jnp.argmax(per_token, axis=1)
     return {"collapse/mi_estimate": mi(per_token), "collapse/mi_seq_estimate": mi(scores),

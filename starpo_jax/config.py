@@ -40,7 +40,8 @@ def _int(owner: str, name: str, value: Any, low: int = 1) -> None:
 def _number(owner: str, name: str, value: Any, low: float, high: float, *, low_open: bool = False,
             high_open: bool = False) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    ok = ok and (value > low if low_open else value >= low)
+    ok = ok and (value < high if high_open else value <= high)
     if not ok:
         _fail(owner, name, value, f"a number in {'(' if low_open else '['}{low}, {high}"
                                   f"{')' if high_open else ']'}")

@@ -222,7 +222,8 @@ def test_long_step_prints_its_phases(capsys):
     lines = capsys.readouterr().out.splitlines()
     total = tiny_config().steps
     assert [line.split(" done at ")[0] for line in lines] == [
-        f"  step 2/{total}: rollout", f"  step 2/{total}: old_logprobs", f"  step 2/{total}: update"]
+        f"  step 2/{total}: rollout", f"  step 2/{total}: old_logprobs",
+        f"  step 2/{total}: update"]
     assert all(re.fullmatch(r".* done at \d+m\d\ds", line) for line in lines), lines
 
 

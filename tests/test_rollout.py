@@ -23,12 +23,14 @@ import envs_jax  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.rollout import buffer_length, chunked_rollout, rollout  # noqa: E402
-from starpo_jax.text import build_codec, env_intro, reference_parse, render_conversation_text, token_byte_table  # noqa: E402
+from starpo_jax.text import (build_codec, env_intro, reference_parse,  # noqa: E402
+                             render_conversation_text, token_byte_table)
 
 REPLY_TOKENS = 4
 # A short prompt keeps the test fast; the codec is exact for any template.
-SHORT_TEMPLATE = dict(system="", intro="",
-                      turn="Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens.")
+SHORT_TEMPLATE = dict(
+    system="", intro="",
+    turn="Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens.")
 
 
 @functools.cache
@@ -36,7 +38,8 @@ def tiny_bandit_setup(reply_tokens: int = REPLY_TOKENS):
     """(tiny-random model, its tokenizer, bandit env, nothink codec); built once per process."""
     model, tok = load_pretrained("tiny-random")
     env = envs_jax.make("bandit")
-    codec = build_codec(tok, env, mode="nothink", max_tokens=reply_tokens, verify=20, **SHORT_TEMPLATE)
+    codec = build_codec(tok, env, mode="nothink", max_tokens=reply_tokens, verify=20,
+                        **SHORT_TEMPLATE)
     return model, tok, env, codec
 
 

@@ -250,7 +250,8 @@ def test_new_vocab_maps_symbols_in_the_original_order():
         "######\n#_P_X#\n#__O√#\n#____#\n#____#\n######", jax.random.key(0)
     )
     np.testing.assert_array_equal(env.render_symbols(state), default.render_symbols(same))
-    assert env.symbol_legend[0] == ("W", "wall") and env.symbol_legend[-1] == ("@", "player on target")
+    assert env.symbol_legend[0] == ("W", "wall")
+    assert env.symbol_legend[-1] == ("@", "player on target")
     assert NEW_VOCAB_SYMBOLS == env.symbol_strings
 
 

@@ -302,7 +302,8 @@ def _search(seeds: chex.Array, cfg: GeneratorConfig) -> tuple[_Candidate, chex.A
     """First valid attempt of each level: (candidates [B, ...], attempts int32 [B], 0 if none).
 
     seeds: uint32 [B, 2], each level's random stream; attempt a of a level reads its a-th
-    stretch, so a level depends on its seed only. Each round fills `slots` side-by-side draws with the levels still pending,
+    stretch, so a level depends on its seed only. Each round fills `slots` side-by-side draws
+    with the levels still pending,
     in order: while there are more pending levels than slots, each gets one draw; once fewer
     remain, each gets several consecutive attempts at once. So a batch costs about as many draws
     as its levels need in total, not B times what its unluckiest level needs (what a vmapped
