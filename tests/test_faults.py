@@ -257,6 +257,8 @@ def test_the_lock_is_reentrant_and_released(tmp_path):
     assert (tmp_path / "run.lock").read_text() == "", "released cleanly: nothing to take over"
 
 
+@pytest.mark.slow  # minutes on a 2-core CPU: the slow tier (README)
+@pytest.mark.optimized  # its time is running, not compiling (conftest)
 def test_kill_9_at_random_moments_loses_nothing(tmp_path):
     """Real run.py processes: an uninterrupted run, and one killed 3 times (random moments and
     mid-save) and resumed; a second run started beside the first is refused at once. (The

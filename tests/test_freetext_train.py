@@ -41,7 +41,10 @@ def codec_prefix(exp) -> str:
     return exp.tokenizer.decode(list(exp.codec.forced_prefix_ids))
 
 
-@pytest.mark.parametrize("name, turns, actions", [("countdown", 1, 1), ("sudoku_4x4", 2, 2)])
+@pytest.mark.parametrize("name, turns, actions", [
+    ("countdown", 1, 1),
+    pytest.param("sudoku_4x4", 2, 2, marks=pytest.mark.slow),  # the slow tier (README)
+])
 def test_trains_by_name(name, turns, actions):
     exp = api.build(tiny(name, turns, actions))
     metrics = exp.step()

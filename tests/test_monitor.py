@@ -240,6 +240,7 @@ def _lines(path: Path) -> list[dict]:
 TRAP = _rows(30, std=_decay(0.4, 10, 0.85))  # alerts at step 15 (smoothing 0)
 
 
+@pytest.mark.optimized  # its time is running, not compiling (conftest)
 def test_stop_saves_stops_and_resume_goes_on(tmp_path, capsys):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert run.train(_ScriptedExperiment(TRAP), straight) == 30, "'warn' only logs"

@@ -111,6 +111,7 @@ def _metrics(workdir: Path) -> list[dict]:
 
 
 @pytest.mark.serial  # cross-process collectives: alone after the parallel suite, as in test_train
+@pytest.mark.slow  # the slow tier (README)
 def test_two_processes_match_one(tmp_path):
     config = tmp_path / "tiny.py"
     config.write_text(CONFIG)

@@ -74,6 +74,7 @@ def _check_filter(rewards: np.ndarray, keep_ratio: float, mode: str, kept: list[
         assert std[kept].min() >= std[dropped].max() - 1e-6, (std, kept)
 
 
+@pytest.mark.optimized  # its time is running, not compiling (conftest)
 def test_environments(tmp_path):
     notebook = execute("environments", tmp_path)
     result = result_of(notebook)
@@ -100,6 +101,7 @@ def test_environments(tmp_path):
                for v in result["throughput"].values())
 
 
+@pytest.mark.optimized  # its time is running, not compiling (conftest)
 def test_functional_step(tmp_path):
     notebook = execute("functional_step", tmp_path)
     result = result_of(notebook)

@@ -364,6 +364,8 @@ QUESTIONS = [
 ]
 
 
+@pytest.mark.slow  # minutes on a 2-core CPU: the slow tier (README)
+@pytest.mark.optimized  # its time is running, not compiling (conftest)
 def test_embedded_smollm2_greedy_text_equals_transformers(monkeypatch):
     import torch
 

@@ -23,6 +23,7 @@ ROWS, DEVICES = 64, 4
 @pytest.fixture(scope="module")
 def measured() -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu", "PJRT_NPROC": "8",
+           "JAX_DISABLE_MOST_OPTIMIZATIONS": "0",  # conftest's fast-compile mode: these run long
            # As in test_train's sharded test: a loaded machine can delay a collective past
            # XLA's default timeout without a bug.
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}"
@@ -42,6 +43,7 @@ def measured() -> dict:
 
 
 @pytest.mark.serial
+@pytest.mark.slow  # the slow tier (README)
 def test_kv_cache_rows_split_over_devices(measured):
     # Per-device shapes in the optimised HLO: the group cache (P rows) and the rows' cache (B).
     groups = ROWS // 4
@@ -51,6 +53,7 @@ def test_kv_cache_rows_split_over_devices(measured):
 
 
 @pytest.mark.serial
+@pytest.mark.slow  # the slow tier (README)
 def test_per_device_memory_is_about_a_quarter(measured):
     single, sharded = measured["single"], measured["sharded"]
     # Temporaries (KV cache, activations, logits) dominate at this shape; each device keeps its
@@ -62,6 +65,7 @@ def test_per_device_memory_is_about_a_quarter(measured):
 
 
 @pytest.mark.serial
+@pytest.mark.slow  # the slow tier (README)
 def test_sharded_step_equals_single_device(measured):
     metrics = measured["metrics"]
     for key, (single, sharded) in metrics.items():

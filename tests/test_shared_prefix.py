@@ -184,7 +184,8 @@ def _learn(config, setup, out):
 # 2 micro-batches each; GRPO with KL: one mini-batch in 2 micro-batches, 2 epochs (old and
 # reference log-probs).
 @pytest.mark.parametrize("algo,optim,loss", [
-    ("ppo", dict(minibatch_rows=8, micro_batches=2), dict(agg="seq_mean_token_mean")),
+    pytest.param("ppo", dict(minibatch_rows=8, micro_batches=2), dict(agg="seq_mean_token_mean"),
+                 marks=pytest.mark.slow),  # the slow tier (README)
     ("grpo", dict(minibatch_rows=16, micro_batches=2, ppo_epochs=2), dict(kl_coef=0.01)),
 ])
 def test_train_step_equals_the_per_row_step(algo, optim, loss, rollout_out):

@@ -66,6 +66,7 @@ def random_states(env, count: int, seed: int = 0):
 _render = jax.jit(Codec.render_observation)
 
 
+@pytest.mark.optimized  # its time is running, not compiling (conftest)
 @pytest.mark.parametrize("name", ENVS)
 def test_observation_equals_encode(tok, name):
     env = envs_jax.make(name)
