@@ -228,3 +228,13 @@ def test_tiny_model_evaluation_logs_fractions_that_sum_to_one():
         assert result.metrics[name] == pytest.approx(ref.count(kind) / len(ref))
     assert envs_jax.make("bandit").dead_end(envs_jax.make("bandit").reset(
         jax.random.PRNGKey(0))[0]) == jnp.bool_(False)  # the default hook
+
+
+def test_a_training_step_logs_the_fractions():
+    from test_evaluation import _with_eval
+    from test_api import tiny_experiment
+
+    metrics = _with_eval(tiny_experiment()).step()
+    fractions = [metrics[f"train/failure/{kind}"] for kind in FAILURE_KINDS]
+    assert sum(fractions) == pytest.approx(1.0)
+    assert metrics["train/failure/success"] == pytest.approx(metrics["train/success"])
