@@ -164,7 +164,7 @@ SOKOBAN_LEVELS = {  # name: (level, actions, class)
 
 def _run(env, levels: list[str], actions: list[str], max_actions: int = 10):
     """Steps hand-made trajectories through the rollout's env loop (one turn each); returns
-    their class ids and the final dead_end / looped flags."""
+    their class ids and their final states' dead_end flags."""
     keys = jax.random.split(jax.random.PRNGKey(0), len(levels))
     states = [env.reset_from_text(text, k)[0] for text, k in zip(levels, keys)]
     states = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
@@ -177,13 +177,13 @@ def _run(env, levels: list[str], actions: list[str], max_actions: int = 10):
         env, states, padded, count, jnp.zeros_like(count), max_actions, history)
     dead = jax.vmap(env.dead_end)(states) & ~won
     ok = jnp.ones((len(levels), 1), bool)
-    return np.asarray(classify(won, dead, history.looped, ok, ok, effective)), dead, history
+    return np.asarray(classify(won, dead, history.looped, ok, ok, effective)), dead
 
 
 def test_sokoban_trajectories_are_classified():
     env = Sokoban()
     names = list(SOKOBAN_LEVELS)
-    kinds, dead, _ = _run(env, *zip(*[SOKOBAN_LEVELS[n][:2] for n in names]))
+    kinds, _ = _run(env, *zip(*[SOKOBAN_LEVELS[n][:2] for n in names]))
     assert dict(zip(names, [FAILURE_KINDS[k] for k in kinds])) == \
         {n: FAILURE_KINDS[SOKOBAN_LEVELS[n][2]] for n in names}
     assert not env.dead_end(env.reset_from_text(SOKOBAN_LEVELS["corner"][0],
@@ -193,7 +193,7 @@ def test_sokoban_trajectories_are_classified():
 def test_frozen_lake_hole_is_a_dead_end_and_a_return_a_loop():
     env = FrozenLake(slippery=False)
     lake = "P_O_\n____\n____\n___G"
-    kinds, dead, history = _run(env, [lake] * 3, ["Right Right", "Right Left Down", "Down Down"])
+    kinds, dead = _run(env, [lake] * 3, ["Right Right", "Right Left Down", "Down Down"])
     assert [FAILURE_KINDS[k] for k in kinds] == ["dead_end", "loop", "out_of_budget"]
     assert np.asarray(dead).tolist() == [True, False, False]
 
@@ -212,8 +212,9 @@ def test_a_format_broken_turn_is_a_format_failure_unless_something_decided_more(
 
 
 def test_tiny_model_evaluation_logs_fractions_that_sum_to_one():
-    from test_evaluation import _with_eval
     from test_api import tiny_experiment
+    from test_evaluation import _with_eval
+
     from starpo_jax import api
 
     exp = _with_eval(tiny_experiment(), envs="frozen_lake", modes="greedy", episodes=4)
@@ -231,8 +232,8 @@ def test_tiny_model_evaluation_logs_fractions_that_sum_to_one():
 
 
 def test_a_training_step_logs_the_fractions():
-    from test_evaluation import _with_eval
     from test_api import tiny_experiment
+    from test_evaluation import _with_eval
 
     metrics = _with_eval(tiny_experiment()).step()
     fractions = [metrics[f"train/failure/{kind}"] for kind in FAILURE_KINDS]
