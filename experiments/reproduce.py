@@ -38,6 +38,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import threading
@@ -240,8 +241,7 @@ def paper_suite() -> Suite:
 
 def tiny_suite() -> Suite:
     """tiny-random, 2 steps, one setting and 2 seeds (one compile): what the tests run. The
-    config is tests/test_api.py's tiny_config with 2 steps and no phase marks, the program
-    tests/test_sweep.py compiles (the session's XLA cache then serves it)."""
+    config is tests/test_api.py's tiny_config with 2 steps, whose step other tests compile."""
     def base() -> ConfigDict:
         c = api.config_for("bandit", "grpo", groups=2, group_size=2, max_turns=1, reply_tokens=4)
         c.model.source = "tiny-random"
@@ -249,7 +249,7 @@ def tiny_suite() -> Suite:
         c.prompt.update(system="", intro="", turn=SHORT_TURN, verify=20)
         c.optim.actor_lr = 1e-3
         c.checkpoint_every = 1
-        c.steps, c.eval_every, c.sample_every, c.progress_after = 2, 0, 0, 0
+        c.steps, c.eval_every, c.sample_every = 2, 0, 0
         return c
     setting = Setting("tiny_starpo_s", "StarPO-S (tiny-random)", base, {}, step_seconds=0.5)
     spec = Spec("echo_trap", "Echo Trap (tiny smoke run)", "echo_trap",
@@ -334,10 +334,12 @@ def _finished(path: Path) -> dict | None:
 
 
 def _train_one(exp: api.Experiment, path: Path, setting: Setting, stop: threading.Event,
-               say: Callable[[str], None]) -> bool:
+               say: Callable[[str], None], keep_checkpoints: bool) -> bool:
     """One run into `path`: the step-0 evaluation if asked and missing, then run.train
-    (resuming from a checkpoint if there is one), then done.json with its wall time. Returns
-    whether the run finished (not when `stop` was set or the collapse monitor stopped it)."""
+    (resuming from a checkpoint if there is one), then done.json with its wall time and,
+    unless `keep_checkpoints`, its checkpoints deleted (a SmolLM2 run's are GiBs; a finished
+    run is never resumed). Returns whether the run finished (not when `stop` was set or the
+    collapse monitor stopped it)."""
     start = time.perf_counter()
     path.mkdir(parents=True, exist_ok=True)
     partial = path / "partial_seconds.json"  # wall time of earlier, interrupted attempts
@@ -354,11 +356,13 @@ def _train_one(exp: api.Experiment, path: Path, setting: Setting, stop: threadin
         write_atomically(partial, json.dumps(seconds))
         return False
     write_atomically(path / DONE, json.dumps({"steps": done, "seconds": seconds}) + "\n")
+    if not keep_checkpoints:
+        shutil.rmtree(path / "checkpoints", ignore_errors=True)
     return True
 
 
 def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
-              stop: threading.Event | None = None) -> bool:
+              stop: threading.Event | None = None, keep_checkpoints: bool = False) -> bool:
     """Trains every run of `suite` not finished in `workdir` (see the module docstring).
     Returns False when a run stopped early (`stop` set, SIGINT / SIGTERM in main, or the
     collapse monitor's action): the same command resumes it."""
@@ -385,7 +389,7 @@ def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
                 f"-> {path}")
             run_start = time.perf_counter()
             exp = api.build(config) if exp is None else for_seed(exp, config)
-            if not _train_one(exp, path, setting, stop, say):
+            if not _train_one(exp, path, setting, stop, say, keep_checkpoints):
                 say(f"{tag}: stopped at step {exp.steps_done}/{config.steps}; the same command "
                     "resumes it")
                 return False
@@ -523,6 +527,8 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> Non
                         "estimated time; train nothing")
     parser.add_argument("--report-only", action="store_true", help="write the report from the "
                         "finished runs; train nothing")
+    parser.add_argument("--keep-checkpoints", action="store_true", help="keep a finished "
+                        "run's checkpoints (deleted by default: GiBs per SmolLM2 run)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every setting, e.g. --set "
                         "model.source=/models/Qwen2.5-0.5B-Instruct (repeatable)")
@@ -552,7 +558,7 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> Non
         start = time.perf_counter()
         with tee_output(workdir / "reproduce.log"), run_py.stop_on_signals() as stop:
             try:
-                finished = run_suite(suite, workdir, say, stop)
+                finished = run_suite(suite, workdir, say, stop, args.keep_checkpoints)
             finally:
                 _invocations(workdir, time.perf_counter() - start)
         if not finished:
