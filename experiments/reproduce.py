@@ -18,7 +18,9 @@ step anyway, README "Seeded sweeps"). Runs that evaluate before training write
 eval_step_0.json (the Table-4 "before" column) from the same evaluator run.train uses.
 
 Resumable: a finished run is skipped, an unfinished one resumes from its newest checkpoint
-(run.py --resume: the same numbers as a run never stopped). XLA's compilation cache is kept in
+(run.py --resume: the same numbers as a run never stopped); a finished run's checkpoints are
+then deleted (GiBs per SmolLM2 run) unless --keep-checkpoints. `--set KEY=VALUE` overrides a
+config key in every setting (e.g. model.source for the paper suite on GPUs). XLA's compilation cache is kept in
 workdir/xla_cache (unless JAX_COMPILATION_CACHE_DIR is set), so a resumed suite does not
 compile again. Console lines (run.py's per-step lines and the suite's own) are also written to
 workdir/reproduce.log. At the end (and with --report-only, from the run directories alone)
@@ -536,7 +538,10 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> Non
     suite = SUITES[args.suite]()
     if args.set:
         base = suite.experiments[0].settings[0].config()
-        grid = sweep_lib.parse_grid(args.set, base)
+        try:
+            grid = sweep_lib.parse_grid(args.set, base)
+        except ValueError as error:  # the sweep's parser names its own flag
+            raise ValueError(str(error).replace("--grid", "--set")) from None
         for key, values in grid:
             if len(values) != 1:
                 raise ValueError(f"--set {key}: one value, not {len(values)}")
