@@ -1,10 +1,11 @@
 """The reproduction report (starpo_jax/report.py) on hand-made run histories, checked against
-values computed here by hand or with numpy: the Echo-Trap half-peak step, mean ± std over
-seeds, the Table-4 before/after table, the CSV round trip, and the figures' lines and bands
-(inspected as matplotlib objects before saving). Then the suite itself (experiments/
-reproduce.py --suite tiny: tiny-random, 1 setting x 2 seeds x 2 steps, one compile: the
-step of tests/test_api.py's tiny_experiment, which other test files compile too): run directories, the log, the report, a re-run that
-skips finished runs, and an unfinished run resumed from its checkpoint with the same numbers."""
+values computed here by hand or with numpy: the Echo-Trap half-peak step, mean ± std over seeds,
+the Table-4 before/after table, the CSV round trip, and the figures' lines and bands (inspected
+as matplotlib objects before saving). Then the suite itself (experiments/reproduce.py --suite
+tiny: tiny-random, 1 setting x 2 seeds x 2 steps, one compile: the step of tests/test_api.py's
+tiny_experiment, which other test files compile too): run directories, the log, the report, a
+re-run that skips finished runs, and an unfinished run resumed from its checkpoint with the same
+numbers."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from starpo_jax.failures import FAILURE_KINDS  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 import reproduce  # noqa: E402
+import suites  # noqa: E402
 from test_api import tiny_config, tiny_experiment  # noqa: E402
 
 
@@ -57,11 +59,14 @@ def _echo_experiment() -> report.ExperimentResult:
     # vanilla: reward std and entropy collapse (seed 2's entropy never halves);
     # StarPO-S: they hold.
     vanilla = {
-        0: _rows(rollout__reward_std=[0.4, 0.5, 0.3, 0.2, 0.1], actor__entropy=[2, 1.5, 0.9, 0.5, 0.4],
+        0: _rows(rollout__reward_std=[0.4, 0.5, 0.3, 0.2, 0.1],
+                 actor__entropy=[2, 1.5, 0.9, 0.5, 0.4],
                  train__success=[0.1, 0.2, 0.3, 0.4, 0.5]),
-        1: _rows(rollout__reward_std=[0.6, 0.4, 0.35, 0.29, 0.1], actor__entropy=[2, 2.2, 1.2, 1.0, 0.2],
+        1: _rows(rollout__reward_std=[0.6, 0.4, 0.35, 0.29, 0.1],
+                 actor__entropy=[2, 2.2, 1.2, 1.0, 0.2],
                  train__success=[0.1, 0.2, 0.3, 0.2, 0.3]),
-        2: _rows(rollout__reward_std=[0.2, 0.2, 0.2, 0.05, 0.0], actor__entropy=[1, 0.9, 0.8, 0.7, 0.6],
+        2: _rows(rollout__reward_std=[0.2, 0.2, 0.2, 0.05, 0.0],
+                 actor__entropy=[1, 0.9, 0.8, 0.7, 0.6],
                  train__success=[0.0, 0.0, 0.1, 0.1, 0.1]),
     }
     starpo_s = {s: _rows(rollout__reward_std=[0.4, 0.4, 0.4, 0.4, 0.4], actor__entropy=[2] * 5,
@@ -200,12 +205,12 @@ def test_write_report_files(tmp_path):
 # --- the suite (one compile) -----------------------------------------------------------------
 
 def test_plan_estimates_the_cpu_suite_within_three_hours():
-    suite = reproduce.cpu_suite()
-    text = reproduce.plan_text(suite, "cpu")
-    total = sum(reproduce.estimate_seconds(suite, s, len(seeds)) for s, seeds in suite.settings())
+    suite = suites.cpu_suite()
+    text = suites.plan_text(suite, "cpu")
+    total = sum(suites.estimate_seconds(suite, s, len(seeds)) for s, seeds in suite.settings())
     assert total <= 3 * 3600
     assert text.rstrip().endswith(f"20 runs; estimated wall time "
-                                  f"{reproduce.format_duration(total)}")
+                                  f"{suites.format_duration(total)}")
     # Experiment 3's keep 0.25 is experiment 1's StarPO-S: trained once, with seeds 0, 1, 2.
     seeds = {s.name: seeds for s, seeds in suite.settings()}
     assert seeds["bandit_starpo_s"] == (0, 1, 2) and seeds["bandit_std_rev"] == (0, 1)
@@ -267,7 +272,7 @@ def test_tiny_suite_runs_reports_skips_and_resumes(tmp_path):
     again = _suite(tmp_path)  # nothing left to train: nothing is built
     assert "seed 0: finished earlier, skipped" in again and "seed 1: finished earlier" in again
     assert (tmp_path / "results.csv").read_text() == report.results_csv(
-        reproduce.results(reproduce.tiny_suite(), tmp_path))
+        reproduce.results(suites.tiny_suite(), tmp_path))
 
     # Seed 1 cut short after step 1: the next invocation resumes it from that checkpoint and
     # gets the numbers of the run never stopped.
