@@ -64,8 +64,6 @@ from ml_collections import config_flags  # noqa: E402
 
 import jax  # noqa: E402
 
-import envs_host  # noqa: E402
-
 from starpo_jax import api, cli  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.evaluation import Evaluator, summary_table  # noqa: E402
@@ -183,12 +181,11 @@ def _train(exp: api.Experiment, workdir: Path, resume: bool, stop: threading.Eve
 
 def _check_memory(exp: api.Experiment, saved: Path | None, primary: bool) -> dict | None:
     """The step compiled and sized against the free memory before step 1 (api.check_memory:
-    MemoryError when it cannot fit), unless check_memory=False or a host env (no one program
-    to size) or a step function swapped into `exp` (Experiment.own_step). Memory knobs left
-    unset take the settings of `saved` config.json's record (a resumed run steps as before) or
-    are chosen now. Returns the record for config.json."""
-    c = exp.config
-    if not c.check_memory or c.env.name in envs_host.names() or not exp.own_step:
+    MemoryError when it cannot fit), unless the Experiment does not size its step
+    (Experiment.sizes_its_step: check_memory=False, a host env, a swapped-in step). Memory
+    knobs left unset take the settings of `saved` config.json's record (a resumed run steps as
+    before) or are chosen now. Returns the record for config.json."""
+    if not exp.sizes_its_step:
         return None
     previous = _saved_memory(saved)
     if previous and exp.auto and exp.memory is None:

@@ -358,7 +358,7 @@ class Experiment:
         first call chooses the unset memory knobs (check_memory; self.memory.line() says
         what and why) unless the step is not this Experiment's own (a step function swapped in
         with dataclasses.replace runs as given: it cannot be compiled again with other knobs)."""
-        if self.own_step and self.auto and self.memory is None and self.config.check_memory:
+        if self.auto and self.memory is None and self.sizes_its_step:
             check_memory(self)
         if self.progress is not None:
             self.progress.start(self.steps_done + 1)
@@ -389,6 +389,14 @@ class Experiment:
         """Whether train_step is the step this Experiment compiled for `train` (not a function
         swapped in, which can be neither sized nor compiled again with other knobs)."""
         return self._steps.get(self.train, (None, None))[1] is self.train_step
+
+    @property
+    def sizes_its_step(self) -> bool:
+        """Whether check_memory applies: config.check_memory is on and the step is one program
+        this Experiment compiled (its own_step, and not a host env's, whose rollout runs on the
+        host)."""
+        return (self.config.check_memory and self.own_step
+                and self.config.env.name not in envs_host.names())
 
     @property
     def steps_done(self) -> int:

@@ -222,7 +222,6 @@ class Evaluator(EvaluatorBase):
         return self._programs[name, mode](params, self.reset_key, sample_key)
 
 
-
 # Module-level with the env static and the codec an argument: an Evaluator built again for the
 # same env object (e.g. by experiments/evaluate.py's tests, or a notebook) reuses the compiled
 # program.

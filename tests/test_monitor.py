@@ -208,12 +208,13 @@ class _State(flax.struct.PyTreeNode):
 class _ScriptedExperiment:
     """What run.train uses of an api.Experiment, stepping through scripted metrics."""
 
+    sizes_its_step = False  # no compiled step to size
+
     def __init__(self, rows: list[dict], **monitor):
         self.rows = rows
         self.config = api.default_config()
         self.config.steps, self.config.checkpoint_every = len(rows), 0
         self.config.eval_every = self.config.sample_every = 0
-        self.config.check_memory = False  # no compiled step to size
         self.config.rollout.groups, self.config.filter.keep_ratio = 8, 0.5
         self.config.monitor.update({"smoothing": 0.0, **monitor})
         self.state = self.fresh_state()

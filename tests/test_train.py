@@ -23,7 +23,7 @@ from flax import nnx  # noqa: E402
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
 from starpo_jax.forward import sequence_logprobs  # noqa: E402
-from starpo_jax.train import init_train_state, make_train_step  # noqa: E402
+from starpo_jax.train import init_train_state, make_train_fns, make_train_step  # noqa: E402
 from test_rollout import REPLY_TOKENS, tiny_bandit_setup  # noqa: E402
 
 
@@ -197,29 +197,52 @@ def _step_outputs(config, setup):
     return jax.device_get((state.actor, state.critic, metrics))
 
 
-# Each case compiles two steps (~1 min on a loaded 2-core machine): one per algorithm, each
-# aggregation once; test_losses checks that row slices add up for every aggregation.
+# The two variants of a case share one rollout (compiled once for the file: the memory knobs
+# do not touch it) and differ in `learn`, the half of the step they change (each case compiles
+# two learns). One case per algorithm, each aggregation once; test_losses checks that row
+# slices add up for every aggregation.
+_KNOB_ROLLOUT = RolloutConfig(groups=2, group_size=4, max_turns=1, reply_tokens=REPLY_TOKENS,
+                              mode="nothink")
+
+
+@pytest.fixture(scope="module")
+def knob_rollout():
+    """(setup, one rollout of the tiny model's initial weights) for the memory-knob cases."""
+    model, tok, env, codec = setup = tiny_bandit_setup()
+    config = TrainConfig(algo="grpo", rollout=_KNOB_ROLLOUT, filter=FilterConfig(keep_ratio=1.0))
+    fns = make_train_fns(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                         pad_id=tok.pad_token_id)
+    state = init_train_state(config, jax.random.PRNGKey(0), model=model)
+    return setup, jax.jit(fns.rollout)(state, jax.random.PRNGKey(3))
+
+
+def _learn_outputs(config, setup, out):
+    model, tok, env, codec = setup
+    fns = make_train_fns(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                         pad_id=tok.pad_token_id)
+    state, metrics = jax.jit(fns.learn)(init_train_state(config, jax.random.PRNGKey(0),
+                                                         model=model), out, jax.random.PRNGKey(4))
+    return jax.device_get((state.actor, state.critic, metrics))
+
+
 @pytest.mark.parametrize("algo,agg,optim", [
     ("ppo", "seq_mean_token_mean", dict(micro_batches=4, remat=True)),
     ("grpo", "token_mean", dict(micro_batches=2)),
 ])
-def test_micro_batches_and_remat_change_nothing(algo, agg, optim):
+def test_micro_batches_and_remat_change_nothing(algo, agg, optim, knob_rollout):
     """Gradient accumulation (each micro-batch's loss normalised by the whole minibatch) and
     rematerialised layers give the plain step's parameters and metrics."""
-    setup = tiny_bandit_setup()
+    setup, out = knob_rollout
     base = TrainConfig(
-        algo=algo,
-        rollout=RolloutConfig(groups=2, group_size=4, max_turns=1, reply_tokens=REPLY_TOKENS,
-                              mode="nothink"),
-        filter=FilterConfig(keep_ratio=1.0),
+        algo=algo, rollout=_KNOB_ROLLOUT, filter=FilterConfig(keep_ratio=1.0),
         loss=LossConfig(agg=agg, kl_coef=0.01 if algo == "grpo" else 0.0, entropy_coef=0.01),
         # Per-row forwards in both (here 1-row micro-batches share no prefix, the plain step's
         # do): the shared-prefix forward's own equality is test_shared_prefix's.
         optim=OptimConfig(actor_lr=1e-3, critic_lr=1e-3, minibatch_rows=4, shared_prefix=False))
-    want_actor, want_critic, want = _step_outputs(base, setup)
+    want_actor, want_critic, want = _learn_outputs(base, setup, out)
     config = dataclasses.replace(base, optim=dataclasses.replace(base.optim, **optim))
-    actor, critic, got = _step_outputs(config, setup)
-    assert got.keys() == want.keys()
+    actor, critic, got = _learn_outputs(config, setup, out)
+    assert got.keys() == want.keys() and want["actor/grad_norm"] > 0
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
     # Adam's first steps move each weight by about lr whatever the gradient's size, so equal
