@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jumanji import specs
 from jumanji.env import Environment
@@ -93,6 +94,19 @@ class TextEnv(Environment[State, specs.DiscreteArray, Observation], Generic[Stat
                              f"{ids.shape}")
         return "\n".join("".join(self.symbol_strings[i] for i in row) for row in ids)
 
+    def dead_end(self, state: State) -> chex.Array:
+        """bool []: the episode can no longer succeed, whatever the agent does (the failure
+        classifier's dead end, starpo_jax.failures). Pure JAX. The default, False, is right for
+        games without unrecoverable states; a game that has them overrides it."""
+        return jnp.bool_(False)
+
+    def fingerprint(self, state: State) -> chex.Array:
+        """uint32 []: a hash of what the agent observes of the state (the failure classifier's
+        loop detection: a row whose state hashes as an earlier one's returned to it). Pure JAX.
+        The default hashes `render_symbols`, so hidden state (step counts, RNG keys) is
+        ignored."""
+        return symbols_hash(self.render_symbols(state))
+
     def symbol_grids(self) -> np.ndarray | None:
         """Every grid `render_symbols` can return, int32 [K, R, C], for envs with few of them
         (the text layer then encodes a state by looking it up among their host encodings, and
@@ -118,6 +132,18 @@ class TextEnv(Environment[State, specs.DiscreteArray, Observation], Generic[Stat
 def symbol_text(symbol_strings: tuple[str, ...], ids: Any) -> str:
     """Text of an int [R, C] id array, per the module's rule (shared by envs and tests)."""
     return "\n".join("".join(symbol_strings[int(i)] for i in row) for row in np.asarray(ids))
+
+
+def symbols_hash(symbols: Any) -> chex.Array:
+    """uint32 [] hash of a pytree of int arrays (one state's `render_symbols`; pure JAX).
+
+    sum_i (x_i + 1) * w_i mod 2**32 over the flattened ids, with fixed random odd weights w_i:
+    two states that differ in any ids collide with probability about 2**-32.
+    """
+    flat = jnp.concatenate([jnp.ravel(leaf).astype(jnp.uint32)
+                            for leaf in jax.tree.leaves(symbols)])
+    weights = np.random.default_rng(0x5EED).integers(0, 2**32, flat.shape[0], np.uint32) | 1
+    return jnp.sum((flat + 1) * jnp.asarray(weights, jnp.uint32), dtype=jnp.uint32)
 
 
 @dataclasses.dataclass(frozen=True)

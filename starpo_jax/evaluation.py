@@ -22,7 +22,9 @@ training ones (turns, token budgets, mode) with the batch shape and temperature 
 envs: host_train.HostEvaluator, on the same EvaluatorBase.
 
 Metric names: val/<env>/<mode>/{success, reward, num_turns, num_actions, action_is_valid,
-response_length} and, in sampled mode with pass_k > 1, val/<env>/sampled/pass@<k> (greedy
+response_length}, val/<env>/<mode>/failure/<kind> for the six failure classes of
+starpo_jax.failures (fractions summing to 1; host envs report no dead ends or loops) and, in
+sampled mode with pass_k > 1, val/<env>/sampled/pass@<k> (greedy
 rollouts of one state are identical, so their pass@k would equal success).
 """
 
@@ -38,6 +40,7 @@ import numpy as np
 from flax import nnx
 
 from starpo_jax.config import RolloutConfig
+from starpo_jax.failures import failure_fractions
 from starpo_jax.rollout import Rollout, rollout
 
 MODES = ("greedy", "sampled")
@@ -110,7 +113,8 @@ def pass_at_k(success: jax.Array, k: int) -> jax.Array:
 def eval_metrics(out: Rollout, k: int) -> dict[str, jax.Array]:
     """Per-mode metrics of a batch of G * k rollouts (names without the val/<env>/<mode>/ part).
 
-    action_is_valid and response_length average over the turns taken.
+    action_is_valid and response_length average over the turns taken; failure/<kind> is the
+    fraction of rows in each failure class (starpo_jax.failures; the six sum to 1).
     """
     taken = out.turn_taken
     turns = jnp.maximum(jnp.sum(taken), 1)
@@ -124,6 +128,8 @@ def eval_metrics(out: Rollout, k: int) -> dict[str, jax.Array]:
     }
     if k > 1:
         metrics[f"pass@{k}"] = pass_at_k(out.success, k)
+    metrics.update({f"failure/{kind}": value
+                    for kind, value in failure_fractions(out.failure).items()})
     return {name: value.astype(jnp.float32) for name, value in metrics.items()}
 
 

@@ -12,7 +12,9 @@ and key fold_in(sample_key, turn) (the KV cache is carried across turns on the d
 history is never prefilled again). On the host between calls: the replies are parsed
 (`HostText.parse`), up to max_actions_per_turn actions per row are stepped in the pool (all
 rows in parallel, action by action), and the next messages tokenised into static widths.
-The result is a `Rollout` like the compiled one's, so `prepare` / `update` train on it.
+The result is a `Rollout` like the compiled one's, so `prepare` / `update` train on it. It
+keeps no env states, so its `dead_end` and `looped` are None: its failure classes
+(starpo_jax.failures) are only success, format, invalid and out_of_budget.
 
 Seeds: `seeds` [P] if given, else drawn from the key's reset half (a run's numbers depend
 only on its key). A row whose env call fails (raised or timed out; see envs_host.pool) ends

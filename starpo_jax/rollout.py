@@ -10,7 +10,8 @@ cache of L slots that always hold the same tokens. Turn 1's prompt (system + fir
      (per-turn budget, stop at "</answer>", EOS);
   2. parses it and takes up to max_actions_per_turn env steps (a masked scan; the episode end and
      max_actions_per_traj stop it; a turn with no valid action does not step);
-  3. records the turn's reward (sum of env rewards) and format penalty;
+  3. records the turn's reward (sum of env rewards) and format penalty, and the fingerprint of
+     each state stepped into (loop detection, starpo_jax.failures);
   4. if any row goes on, prefills the next environment message (reward + next state) for it.
 Rows whose episode ended, or whose action budget is spent, take no further turns. A reply that
 ended with EOS already holds the template's end-of-turn token, so the next message's copy of it
@@ -30,6 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from starpo_jax.config import RolloutConfig
+from starpo_jax.failures import LoopHistory, classify
 from starpo_jax.forward import merge_rows
 from starpo_jax.models.cache import KVCache
 from starpo_jax.phases import PhaseClock, mark
@@ -60,6 +62,18 @@ class Rollout(flax.struct.PyTreeNode):
     success: jax.Array  # [B] bool
     num_actions: jax.Array  # [B] int32 env steps taken
     effective_actions: jax.Array  # [B] int32 steps that changed the state
+    # The failure classifier's env-state inputs (starpo_jax.failures). None where no env states
+    # were kept (host rollouts, hand-made batches): such rows are neither dead ends nor loops.
+    dead_end: jax.Array | None = None  # [B] bool the final state can no longer succeed
+    looped: jax.Array | None = None  # [B] bool some step returned to an earlier state
+
+    @property
+    def failure(self) -> jax.Array:
+        """[B] int32 failure class of each row (index into failures.FAILURE_KINDS)."""
+        no = jnp.zeros_like(self.success)
+        return classify(self.success, no if self.dead_end is None else self.dead_end,
+                        no if self.looped is None else self.looped, self.format_ok,
+                        self.turn_taken, self.effective_actions)
 
     @property
     def scores(self) -> jax.Array:
@@ -141,18 +155,18 @@ def _shard_rows(tree: Any, mesh: Mesh | None) -> Any:
 
 
 def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken: jax.Array,
-               max_actions_per_traj: int):
+               max_actions_per_traj: int, history: LoopHistory):
     """Up to A actions per row, stopping at the episode end or the trajectory's action budget.
 
     state: batched env state [B]; actions [B, A] int32, or a pytree of [B, A, ...] (free-text
     envs); count [B] int32 actions to try (0 for inactive rows); taken [B] int32 actions
-    already taken this trajectory.
-    Returns (state, reward [B], ended [B], success [B], steps [B], effective [B]).
+    already taken this trajectory; history: the rows' visited states, each step's added.
+    Returns (state, reward [B], ended [B], success [B], steps [B], effective [B], history).
     """
     b = count.shape[0]
 
     def one(carry, i):
-        state, reward, ended, success, steps, effective = carry
+        state, reward, ended, success, steps, effective, history = carry
         go = (i < count) & ~ended & (taken + steps < max_actions_per_traj)
         new_state, ts = jax.vmap(env.step)(state, jax.tree.map(lambda a: a[:, i], actions))
         for name in ("success", "action_is_effective"):
@@ -163,12 +177,13 @@ def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken
             new_state, state)
         carry = (state, reward + jnp.where(go, ts.reward, 0.0), ended | (go & ts.last()),
                  jnp.where(go, ts.extras["success"], success), steps + go,
-                 effective + (go & ts.extras["action_is_effective"]))
+                 effective + (go & ts.extras["action_is_effective"]),
+                 history.record(jax.vmap(env.fingerprint)(state), go))
         return carry, None
 
     zeros = jnp.zeros((b,), jnp.int32)
     init = (state, jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool), jnp.zeros((b,), bool),
-            zeros, zeros)
+            zeros, zeros, history)
     carry, _ = jax.lax.scan(one, init, jnp.arange(jax.tree.leaves(actions)[0].shape[1]))
     return carry
 
@@ -212,7 +227,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
 
     def turn(carry, k):
         (cache, buf, mask, tids, blogp, bent, filled, states, active, taken, success,
-         effective) = carry
+         effective, history) = carry
         gen = generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, prefix.shape[0])),
                             jnp.full((b,), prefix.shape[0], jnp.int32),
                             jax.random.fold_in(sample_key, k), cache, token_bytes, options)
@@ -230,9 +245,9 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
 
         reply = jnp.concatenate([jnp.broadcast_to(prefix, (b, f)), gen.tokens], axis=1)
         parsed = codec.parse_reply(reply, f + gen.lengths)
-        states, reward, ended, won, steps, eff = _env_steps(
+        states, reward, ended, won, steps, eff, history = _env_steps(
             env, states, parsed.actions, jnp.where(active, parsed.num_actions, 0), taken,
-            config.max_actions_per_traj)
+            config.max_actions_per_traj, history)
         taken = taken + steps
         success = jnp.where(steps > 0, won, success)
         effective = effective + eff
@@ -259,7 +274,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         cache, buf, filled = jax.lax.cond(
             jnp.any(going) & (k + 1 < turns), next_message, lambda args: args, (cache, buf, filled))
         carry = (cache, buf, mask, tids, blogp, bent, filled, states, going, taken, success,
-                 effective)
+                 effective, history)
         return _shard_rows(carry, mesh), _shard_rows(outputs, mesh)
 
     buf = _write(jnp.full((b, length), pad_id, jnp.int32), jnp.zeros((b,), jnp.int32),
@@ -268,16 +283,18 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     zeros_f = jnp.zeros((b, length), jnp.float32)
     init = (cache, buf, jnp.zeros((b, length), bool), jnp.full((b, length), -1, jnp.int32),
             zeros_f, zeros_f, first_n, states, jnp.ones((b,), bool), zeros_i,
-            jnp.zeros((b,), bool), zeros_i)
+            jnp.zeros((b,), bool), zeros_i,
+            LoopHistory.start(jax.vmap(env.fingerprint)(states), config.max_actions_per_traj))
     carry, per_turn = jax.lax.scan(turn, _shard_rows(init, mesh), jnp.arange(turns))
-    _, buf, mask, tids, blogp, bent, filled, _, _, taken, success, effective = carry
+    _, buf, mask, tids, blogp, bent, filled, states, _, taken, success, effective, history = carry
     per_turn = jax.tree.map(lambda x: x.T, per_turn)  # [T, B] -> [B, T]
     return Rollout(tokens=buf, lengths=filled, prompt_lengths=first_n, loss_mask=mask,
                    turn_ids=tids, behaviour_logp=blogp, behaviour_entropy=bent,
                    turn_rewards=per_turn["reward"], format_penalties=per_turn["penalty"],
                    turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],
                    think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],
-                   success=success, num_actions=taken, effective_actions=effective)
+                   success=success, num_actions=taken, effective_actions=effective,
+                   dead_end=jax.vmap(env.dead_end)(states) & ~success, looped=history.looped)
 
 
 def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,

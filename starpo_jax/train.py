@@ -45,6 +45,7 @@ from flax import nnx
 from starpo_jax import advantages as adv_lib
 from starpo_jax.collapse import collapse_step_metrics
 from starpo_jax.config import TrainConfig
+from starpo_jax.failures import failure_fractions
 from starpo_jax.filtering import GroupSelection, gather_group_rows, select_groups
 from starpo_jax.forward import (accumulated_grad, in_row_slices, sequence_logprobs,
                                 sequence_values)
@@ -247,6 +248,8 @@ def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
         # The sampler's entropy over every rolled-out row (the collapse monitor's signal; the
         # kept rows alone are the highest-std groups and would bias it upward).
         "actor/entropy": aggregate(out.behaviour_entropy, out.loss_mask),
+        **{f"train/failure/{kind}": value
+           for kind, value in failure_fractions(out.failure).items()},
     }
 
 

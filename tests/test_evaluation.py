@@ -23,8 +23,10 @@ import envs_jax  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.evaluation import (REPLY_CLOSE, REPLY_OPEN, EvalConfig, EvalResult,  # noqa: E402
                                    Evaluator, eval_metrics, format_conversation, pass_at_k)
+from starpo_jax.failures import FAILURE_KINDS  # noqa: E402
 from starpo_jax.rollout import Rollout  # noqa: E402
 from test_api import tiny_config, tiny_experiment  # noqa: E402
+from test_failures import reference_failure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
@@ -32,7 +34,8 @@ import evaluate  # noqa: E402
 import run  # noqa: E402
 
 EPISODES, K = 3, 2
-NAMES = ("success", "reward", "num_turns", "num_actions", "action_is_valid", "response_length")
+NAMES = ("success", "reward", "num_turns", "num_actions", "action_is_valid", "response_length",
+         *(f"failure/{kind}" for kind in FAILURE_KINDS))
 
 
 def _with_eval(exp: api.Experiment, **eval_keys) -> api.Experiment:
@@ -119,7 +122,8 @@ def _random_rollout(rng: np.random.Generator, b: int, turns: int) -> Rollout:
                    turn_taken=taken, format_ok=taken & (rng.random((b, turns)) < 0.6),
                    think_tokens=ints((b, turns), 9), reply_lengths=ints((b, turns), 20) * taken,
                    success=rng.random(b) < 0.3, num_actions=ints(b, 6),
-                   effective_actions=ints(b, 6))
+                   effective_actions=ints(b, 6), dead_end=rng.random(b) < 0.2,
+                   looped=rng.random(b) < 0.2)
 
 
 def _reference_metrics(out: Rollout, k: int) -> dict[str, float]:
@@ -135,6 +139,9 @@ def _reference_metrics(out: Rollout, k: int) -> dict[str, float]:
            "action_is_valid": per_turn(o.format_ok), "response_length": per_turn(o.reply_lengths)}
     if k > 1:
         ref[f"pass@{k}"] = sum(any(g) for g in groups) / len(groups)
+    kinds = reference_failure(o.success, o.dead_end, o.looped, o.format_ok, o.turn_taken,
+                              o.effective_actions)
+    ref.update({f"failure/{kind}": kinds.count(kind) / len(kinds) for kind in FAILURE_KINDS})
     return ref
 
 

@@ -129,6 +129,10 @@ class FrozenLake(TextEnv[State, Observation]):
         """[S, S] int32 ids into `symbol_strings`."""
         return symbol_grid(state.tiles, state.player)
 
+    def dead_end(self, state: State) -> chex.Array:
+        """bool []: the player fell into a hole (the episode ended without success)."""
+        return state.tiles[state.player[0], state.player[1]] == HOLE
+
     def reset_from_text(self, text: str, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
         """A state from a `render_text` grid: size rows of size symbols, one goal, one player.
 

@@ -19,6 +19,7 @@ from jumanji.types import StepType, TimeStep, restart
 
 from envs_jax.base import TextEnv
 from envs_jax.sokoban import constants as c
+from envs_jax.sokoban.deadlock import has_deadlock
 from envs_jax.sokoban.generator import GeneratorConfig, generate
 from envs_jax.sokoban.levels import layers_from_symbols, parse_symbols
 from envs_jax.sokoban.types import Observation, State
@@ -215,6 +216,11 @@ class Sokoban(TextEnv[State, Observation]):
         ids = jnp.where(state.boxes, jnp.where(state.targets, c.BOX_ON_TARGET, c.BOX), ids)
         player = jnp.where(state.targets, c.PLAYER_ON_TARGET, c.PLAYER)
         return jnp.where(is_player, player, ids).astype(jnp.int32)
+
+    def dead_end(self, state: State) -> chex.Array:
+        """bool []: a box off target is in a corner or against a wall it can never leave
+        (deadlock.py): the level can no longer be solved."""
+        return has_deadlock(state.walls, state.targets, state.boxes)
 
     def _observation(self, state: State) -> Observation:
         return Observation(grid=self.render_symbols(state), step_count=state.step_count)
