@@ -69,7 +69,7 @@ def _optimized_when_marked(request, monkeypatch):
         return
     import jax
 
-    before = jax.config.jax_disable_most_optimizations
+    before = jax.config.values["jax_disable_most_optimizations"]
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")  # and their subprocesses
     jax.config.update("jax_disable_most_optimizations", False)
     try:

@@ -252,6 +252,7 @@ def _metrics(path: Path) -> list[dict]:
             for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # the suite's own run loop end to end: the slow tier (README)
 def test_tiny_suite_runs_reports_skips_and_resumes(tmp_path):
     first = _suite(tmp_path, "--keep-checkpoints")
     runs = [tmp_path / "runs" / "tiny_starpo_s" / f"seed_{s}" for s in (0, 1)]

@@ -273,6 +273,7 @@ def test_cache_dtype_is_validated():
         RolloutConfig(cache_dtype="float16")
 
 
+@pytest.mark.slow  # two uncached steps; test_api's phase lines stay in CI: the slow tier (README)
 def test_phase_clock_marks_each_phase_in_order_and_changes_nothing():
     """The host hears of each phase as it ends, in the program's order, once per Online-k round;
     the marked step's state and metrics are the unmarked step's."""
@@ -297,6 +298,7 @@ def test_phase_clock_marks_each_phase_in_order_and_changes_nothing():
                      ("reference_logprobs", 0), ("old_logprobs", 0), ("update", 0),
                      ("old_logprobs", 0), ("update", 0)]
     # Equal up to float rounding: the marks' optimisation barriers change how XLA may fuse the
-    # phases (e.g. the old-log-prob forward with the first gradient's forward).
+    # phases (e.g. the old-log-prob forward with the first gradient's forward); 1e-5 is 1/100
+    # of one Adam step (lr 1e-3), and this step makes two.
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
