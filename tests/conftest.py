@@ -63,8 +63,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _optimized_when_marked(request, monkeypatch):
-    """Tests marked `optimized` (or `serial`) compile with XLA's optimisations (see above)."""
-    if not any(request.node.get_closest_marker(m) for m in ("optimized", "serial")):
+    """Tests marked `optimized`, `serial` or `slow` (their time is running real work, not
+    compiling) compile with XLA's optimisations (see above)."""
+    if not any(request.node.get_closest_marker(m) for m in ("optimized", "serial", "slow")):
         yield
         return
     import jax

@@ -96,6 +96,7 @@ def test_grpo_learns_the_high_risk_arm():
     assert np.mean(picks[-5:]) > np.mean(picks[:5]) + 0.2, picks
 
 
+@pytest.mark.slow  # also in CI: test_run's resumed run equals the unstopped one (the slow tier)
 def test_same_key_same_metrics():
     """PPO's step holds GRPO's parts and the critic's: one algorithm suffices."""
     model, tok, env, codec = tiny_bandit_setup()
