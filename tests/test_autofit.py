@@ -141,6 +141,7 @@ def test_unset_is_none_in_the_config_and_fastest_in_the_train_config():
     assert api.auto_knobs(_config(micro_batches=2)) == ()
 
 
+@pytest.mark.slow  # the slow tier (README)
 def test_chooses_on_an_injected_free_memory_and_equals_the_explicit_setting(auto_exp,
                                                                             explicit_exp):
     exp = auto_exp

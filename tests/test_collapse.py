@@ -139,6 +139,7 @@ def test_first_turn_is_the_first_prompt_prefix_and_reply_of_each_row():
         assert turn.replies[b, :turn.reply_lengths[b]].tolist() == reply and reply
 
 
+@pytest.mark.slow  # the slow tier (README)
 def test_train_step_computes_them_every_n_steps_only():
     """Logged on steps 0 and 2 of every=2, absent on step 1; step 0's values are those of its
     rollout under the weights that sampled it."""

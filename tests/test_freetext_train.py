@@ -42,7 +42,7 @@ def codec_prefix(exp) -> str:
 
 
 @pytest.mark.parametrize("name, turns, actions", [
-    ("countdown", 1, 1),
+    pytest.param("countdown", 1, 1, marks=pytest.mark.slow),  # the slow tier (README)
     pytest.param("sudoku_4x4", 2, 2, marks=pytest.mark.slow),  # the slow tier (README)
 ])
 def test_trains_by_name(name, turns, actions):
