@@ -257,16 +257,18 @@ def test_the_lock_is_reentrant_and_released(tmp_path):
     assert (tmp_path / "run.lock").read_text() == "", "released cleanly: nothing to take over"
 
 
-@pytest.mark.slow  # minutes on a 2-core CPU: the slow tier (README)
 @pytest.mark.optimized  # its time is running, not compiling (conftest)
-def test_kill_9_at_random_moments_loses_nothing(tmp_path):
-    """Real run.py processes: an uninterrupted run, and one killed 3 times (random moments and
-    mid-save) and resumed; a second run started beside the first is refused at once. (The
-    same check with 20 kills: experiments/fault_kill.py.)"""
+@pytest.mark.parametrize("kills, steps", [
+    (2, 12),  # CI: one kill at a random moment, one mid-save
+    pytest.param(3, 16, marks=pytest.mark.slow),  # the slow tier (README)
+])
+def test_kill_9_at_random_moments_loses_nothing(tmp_path, kills, steps):
+    """Real run.py processes: an uninterrupted run, and one killed `kills` times (alternately
+    at a random moment and mid-save) and resumed; a second run started beside the first is
+    refused at once. (The same check with 20 kills: experiments/fault_kill.py.)"""
     env = fault_kill.environment(tmp_path / "jax_cache")
-    steps = 12
     reference = fault_kill.reference_run(tmp_path / "uninterrupted", steps, env)
-    records, refused, rows = fault_kill.killed_run(tmp_path / "killed", steps, 3, env,
+    records, refused, rows = fault_kill.killed_run(tmp_path / "killed", steps, kills, env,
                                                    random.Random(0))
     assert fault_kill.check(records, refused, rows, reference) == [], fault_kill.table(records)
     assert any(k.moment == "mid-save" for k in records)

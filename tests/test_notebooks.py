@@ -121,7 +121,6 @@ def test_functional_step(tmp_path):
     assert any(h["actor/grad_norm"] > 0 for h in history)
 
 
-@pytest.mark.slow  # the slow tier (README)
 def test_analyse_a_run(tmp_path):
     notebook = execute("analyse_a_run", tmp_path)
     result = result_of(notebook)
