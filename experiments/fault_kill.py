@@ -113,9 +113,12 @@ def reference_run(workdir: Path, steps: int, env: dict[str, str]) -> list[dict]:
 
 
 def killed_run(workdir: Path, steps: int, kills: int, env: dict[str, str], rng: random.Random,
-               ) -> tuple[list[Kill], str, list[dict]]:
-    """Runs `steps` steps under `kills` kill -9s, relaunching with --resume after each.
+               first: str = "random") -> tuple[list[Kill], str, list[dict]]:
+    """Runs `steps` steps under `kills` kill -9s, relaunching with --resume after each; the
+    kills alternate between the two moments, starting with `first` ("random" or "mid-save").
     Returns the kills, the refused second run's stderr and the final metrics."""
+    if first not in ("random", "mid-save"):
+        raise ValueError(f"first = {first!r} is invalid; valid: 'random', 'mid-save'")
     records: list[Kill] = []
     refused = ""
     for launch in range(kills + 1):
@@ -138,7 +141,7 @@ def killed_run(workdir: Path, steps: int, kills: int, env: dict[str, str], rng: 
                     second = subprocess.run(command(workdir, steps, resume=False), env=env,
                                             capture_output=True, text=True, timeout=600)
                     refused = f"exit {second.returncode}: {second.stderr.strip()}"
-                moment = "mid-save" if launch % 2 else "random"
+                moment = first if launch % 2 == 0 else ({"random", "mid-save"} - {first}).pop()
                 if moment == "mid-save":
                     wait_for(lambda: bool(partial_saves(workdir)), process, 60, poll=0.001)
                 else:
