@@ -202,6 +202,16 @@ def test_write_report_files(tmp_path):
         assert f"![{name}](figures/{name})" in text
 
 
+def test_an_experiment_without_finished_runs_says_so_and_draws_nothing(tmp_path):
+    empty = report.ExperimentResult("multi_turn", "2. Multi", "table4", "About it.", {})
+    report.write_report(tmp_path, [_echo_experiment(), empty], {"commit": "abc1234"})
+    text = (tmp_path / "report.md").read_text()
+    section = text[text.index("## 2. Multi"):]
+    assert section == ("## 2. Multi\n\nAbout it.\n\nNo run of this experiment has finished "
+                       "yet: the suite's command continues it.\n")
+    assert not any(p.name.startswith("multi_turn") for p in (tmp_path / "figures").iterdir())
+
+
 # --- the suite (one compile) -----------------------------------------------------------------
 
 def test_plan_estimates_the_cpu_suite_within_three_hours():
