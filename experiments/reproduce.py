@@ -3,6 +3,7 @@
     python experiments/reproduce.py --suite cpu --workdir results/cpu [--dry-run]
     python experiments/reproduce.py --suite paper --workdir results/paper   # GPUs: the paper's
     python experiments/reproduce.py --suite cpu --workdir results/cpu --report-only
+    python experiments/reproduce.py --suite cpu --workdir results/cpu --only filter_ablation
 
 A suite is a fixed list of experiments (experiments/suites.py): 1. the Echo Trap on Bandit (vanilla
 StarPO against StarPO-S), 2. multi-turn learning on FrozenLake and Sokoban (StarPO-S with PPO and
@@ -287,8 +288,16 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> Non
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every setting, e.g. --set "
                         "model.source=/models/Qwen2.5-0.5B-Instruct (repeatable)")
+    parser.add_argument("--only", action="append", default=[], metavar="EXPERIMENT",
+                        help="train only this experiment's runs (repeatable; the report still "
+                        "covers every experiment's finished runs)")
     args = parser.parse_args(argv)
     suite = SUITES[args.suite]()
+    names = [spec.name for spec in suite.experiments]
+    unknown = [name for name in args.only if name not in names]
+    if unknown:
+        raise ValueError(f"--only {unknown[0]!r}: no such experiment in suite {args.suite!r}; "
+                         f"valid: {', '.join(names)}")
     if args.set:
         base = suite.experiments[0].settings[0].config()
         try:
@@ -316,7 +325,8 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> Non
         start = time.perf_counter()
         with tee_output(workdir / "reproduce.log"), run_py.stop_on_signals() as stop:
             try:
-                finished = run_suite(suite, workdir, say, stop, args.keep_checkpoints)
+                chosen = suite.only(args.only) if args.only else suite
+                finished = run_suite(chosen, workdir, say, stop, args.keep_checkpoints)
             finally:
                 _invocations(workdir, time.perf_counter() - start)
         if not finished:

@@ -70,6 +70,11 @@ class Suite:
             return dataclasses.replace(spec, settings=settings)
         return dataclasses.replace(self, experiments=tuple(map(apply, self.experiments)))
 
+    def only(self, names: list[str]) -> Suite:
+        """The suite with only the experiments named `names` (Spec.name), in suite order."""
+        return dataclasses.replace(self, experiments=tuple(
+            spec for spec in self.experiments if spec.name in names))
+
     def settings(self) -> list[tuple[Setting, tuple[int, ...]]]:
         """Every distinct setting once, with the union of the seeds its experiments ask."""
         seen: dict[str, tuple[Setting, list[int]]] = {}

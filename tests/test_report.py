@@ -226,6 +226,17 @@ def test_plan_estimates_the_cpu_suite_within_three_hours():
     assert seeds["bandit_starpo_s"] == (0, 1, 2) and seeds["bandit_std_rev"] == (0, 1)
 
 
+def test_only_trains_the_named_experiments_and_refuses_unknown_names(tmp_path):
+    ablation = suites.cpu_suite().only(["filter_ablation"])
+    assert [(s.name, seeds) for s, seeds in ablation.settings()] == [
+        ("bandit_keep_1.0", (0, 1)), ("bandit_keep_0.5", (0, 1)), ("bandit_starpo_s", (0, 1)),
+        ("bandit_std_rev", (0, 1))]
+    with pytest.raises(ValueError, match="'echo'.*valid: echo_trap, multi_turn, filter_ablation"):
+        reproduce.main(["--suite", "cpu", "--workdir", str(tmp_path), "--only", "echo"],
+                       stream=io.StringIO())
+    assert not any(tmp_path.iterdir()), "nothing is trained or written"
+
+
 def test_tee_output_copies_both_file_descriptors_to_the_log(tmp_path):
     log = tmp_path / "suite.log"
     log.write_bytes(b"earlier\n")
