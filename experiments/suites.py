@@ -3,8 +3,8 @@ time estimate. experiments/reproduce.py runs them and writes the report; a suite
 
 A suite is a fixed list of experiments. Each experiment is a set of seeded runs of named
 settings; a setting shared by two experiments (the StarPO-S run is experiment 3's keep 0.25)
-is trained once. STEP_SECONDS are estimates (SmolLM2 on a quiet 2-core CPU, from the figures
-in the README), not measurements of these shapes: `reproduce.py --dry-run` shows them.
+is trained once. STEP_SECONDS estimate a step's time (SmolLM2 on a quiet 2-core CPU; see their
+comment for where each comes from): `reproduce.py --dry-run` shows the plan and its total.
 """
 
 from __future__ import annotations
@@ -91,11 +91,13 @@ class Suite:
 
 # --- the suites ------------------------------------------------------------------------------
 
-# Seconds per step, SmolLM2-135M on a quiet 2-core CPU, 4 groups x 8 rollouts (README:
-# quickstart 34 s/step on a shared machine and twice that with every group kept; countdown's
-# 1-turn quickstart shape 10.2 s quiet; Sudoku 4x4's 5 turns 21.6 s). PPO adds the critic.
-STEP_SECONDS = {"bandit_keep_0.25": 20.0, "bandit_keep_0.5": 27.0, "bandit_keep_1.0": 40.0,
-                "grid_grpo": 30.0, "grid_ppo": 45.0}
+# Seconds per step, SmolLM2-135M on a quiet 2-core CPU, checkpoints and logging included.
+# Bandit (4 x 8 rollouts, one turn): the suite's own runs (keep 1.0 28-37 s, keep 0.25 13-16 s).
+# Grid (4 x 4 rollouts, 5 turns of ~200 tokens): from a 4 x 8 FrozenLake PPO step measured at
+# 255-265 s (rollout ~110 s, old log-probs ~15 s, the update ~140 s), halved rows; GRPO has no
+# critic to train.
+STEP_SECONDS = {"bandit_keep_0.25": 15.0, "bandit_keep_0.5": 20.0, "bandit_keep_1.0": 32.0,
+                "grid_grpo": 120.0, "grid_ppo": 160.0}
 CPU_LR = 1e-5  # README: at 1e-5 the quickstart's entropy and reward std collapse by step 10
 GRID_LR = 5e-6  # quickstart.QUICK_LR: a 135M model moves visibly within a few steps
 
@@ -114,16 +116,17 @@ def _quickstart_bandit() -> ConfigDict:
 
 def _grid(env: str, algo: str) -> Callable[[], ConfigDict]:
     def base() -> ConfigDict:
-        """Quickstart-sized multi-turn: 4 x 8 rollouts, NoThink replies of up to 16 tokens,
-        the env's 5 turns / 10 actions, 10 steps; greedy evaluation of 16 held-out states on
-        the env and its OOD variants before training, after step 5 and after step 10."""
-        c = api.config_for(env, algo, groups=4, group_size=8, reply_tokens=16)
+        """Multi-turn at CPU scale: 4 x 4 rollouts, NoThink replies of up to 16 tokens, the
+        env's 5 turns / 10 actions, 3 steps; greedy evaluation of 16 held-out states on the env
+        and its OOD variants before training and after step 3. Few steps: a 5-turn step of
+        SmolLM2 costs minutes here (its update is a backward pass over ~1,000-token rows)."""
+        c = api.config_for(env, algo, groups=4, group_size=4, reply_tokens=16)
         c.nothink = True
-        c.steps = 10
+        c.steps = 3
         c.optim.actor_lr = GRID_LR
-        c.eval_every, c.sample_every = 5, 5
+        c.eval_every, c.sample_every = 3, 3
         c.eval.update(episodes=16, modes="greedy")
-        c.checkpoint_every, c.keep_checkpoints = 5, 1
+        c.checkpoint_every, c.keep_checkpoints = 1, 1
         return c
     return base
 
@@ -185,7 +188,7 @@ def cpu_suite() -> Suite:
     multi = Spec("multi_turn", "2. Multi-turn learning: FrozenLake and Sokoban", "table4",
                  MULTI_TURN_ABOUT, grid, (0, 1))
     ablation = _filter_ablation(_quickstart_bandit, starpo_s, (0, 1), STEP_SECONDS, "bandit")
-    return Suite((echo, multi, ablation), build_seconds=90.0, eval_seconds=20.0)
+    return Suite((echo, multi, ablation), build_seconds=90.0, eval_seconds=60.0)
 
 
 def paper_suite() -> Suite:
