@@ -127,39 +127,38 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     from starpo_jax.sharding import make_mesh, shard_state
     from starpo_jax.train import init_train_state, make_train_fns, make_train_step
     model, tok, env, codec, config = pickle.load(open(sys.argv[1], "rb"))
+    pieces = sys.argv[2] == "pieces"  # else: the step on one device, then sharded
     assert jax.device_count() == 4, jax.devices()
     ids = dict(model=model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     out = {}
-    for name, mesh in (("single", None), ("sharded", make_mesh(tp=2))):
+    for name, mesh in ((("single", None),) if not pieces else ()) + (("sharded", make_mesh(tp=2)),):
         def fresh():
             state = init_train_state(config, jax.random.PRNGKey(0), model=model)
             return state if mesh is None else shard_state(state, model, mesh)
         key = jax.random.PRNGKey(2)
-        if mesh is not None:  # the public pieces, jitted one by one, composed as the step does
+        if pieces:  # the public pieces, jitted one by one, composed as the step does
             fns = make_train_fns(config, env, codec, mesh=mesh, **ids)
             state = fresh()
             rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
             rollout = jax.jit(fns.rollout)(state, rollout_key)
             batch = jax.jit(fns.prepare)(state, rollout)
             by_hand, aux = jax.jit(fns.update)(state, batch, jax.random.split(update_key, 1)[0])
+            out["pieces"] = {k: float(v) for k, v in aux.items()}
         step = make_train_step(config, env, codec, mesh=mesh, **ids)
         state, metrics = step(fresh(), key)
         out[name] = {k: float(v) for k, v in metrics.items()}
         out[name + "_embed"] = str(state.actor["embed"].get_value().sharding)
-    out["pieces"] = {k: float(v) for k, v in aux.items()}
-    out["pieces_param_diff"] = max(float(abs(a - b).max()) for a, b in zip(
-        jax.tree.leaves(by_hand.actor), jax.tree.leaves(state.actor)))
+    if pieces:
+        out["pieces_param_diff"] = max(float(abs(a - b).max()) for a, b in zip(
+            jax.tree.leaves(by_hand.actor), jax.tree.leaves(state.actor)))
     print("RESULT" + json.dumps(out))
 """)
 
 
-# Serial: run after the parallel suite (README's test command), on a machine not also running
-# other tests. Four fake devices on two cores: XLA:CPU's collective rendezvous can starve when
-# the machine is loaded (every device thread asleep in a different collective; seen under load
-# 10, never on an idle machine). PJRT_NPROC widens its thread pools; the timeouts turn a hang
-# into a failure within minutes.
-@pytest.mark.serial
-def test_sharded_step_equals_single_device(tmp_path):
+def _sharded_run(tmp_path, what: str) -> dict:
+    """_SHARDED_SCRIPT in a 4-fake-device process: `what` = "step" (the step on one device and
+    on a tp=2 mesh) or "pieces" (the public pieces jitted one by one on the mesh, and the
+    step)."""
     model, tok, env, codec = tiny_bandit_setup()
     config = TrainConfig(
         algo="ppo",
@@ -176,20 +175,38 @@ def test_sharded_step_equals_single_device(tmp_path):
                 " --xla_cpu_collective_call_terminate_timeout_seconds=600"
                 " --xla_cpu_collective_timeout_seconds=600",
                 "PJRT_NPROC": "8", "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT, str(setup)], env=env_vars,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT, str(setup), what],
+                          env=env_vars, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.split("RESULT", 1)[1])
     assert "fsdp" in result["sharded_embed"] or "tp" in result["sharded_embed"]
+    return result
+
+
+# Serial: run after the parallel suite (README's test command), on a machine not also running
+# other tests. Four fake devices on two cores: XLA:CPU's collective rendezvous can starve when
+# the machine is loaded (every device thread asleep in a different collective; seen under load
+# 10, never on an idle machine). PJRT_NPROC widens its thread pools; the timeouts turn a hang
+# into a failure within minutes.
+@pytest.mark.serial
+def test_sharded_step_equals_single_device(tmp_path):
+    result = _sharded_run(tmp_path, "step")
     single, sharded = result["single"], result["sharded"]
     assert single.keys() == sharded.keys()
     for key in single:
         np.testing.assert_allclose(sharded[key], single[key], rtol=2e-3, atol=2e-4, err_msg=key)
-    # The public pieces (train.make_train_fns) jitted one by one give the sharded step's
-    # numbers (on one device: tests/test_faithful.py).
+
+
+@pytest.mark.serial
+@pytest.mark.slow  # three more sharded compiles; on one device: tests/test_faithful.py (CI)
+def test_sharded_pieces_equal_sharded_step(tmp_path):
+    """The public pieces (train.make_train_fns) jitted one by one on the mesh give the sharded
+    step's numbers and parameters."""
+    result = _sharded_run(tmp_path, "pieces")
     assert result["pieces"] and result["pieces_param_diff"] <= 1e-6
     for key, value in result["pieces"].items():
-        np.testing.assert_allclose(value, sharded[key], rtol=1e-5, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(value, result["sharded"][key], rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
 
 
 def _step_outputs(config, setup):
