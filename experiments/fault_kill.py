@@ -35,13 +35,14 @@ OVERRIDES = ("--config.model.source=tiny-random", "--config.nothink=True",
              "--config.eval_every=0", "--config.sample_every=0", "--config.progress_after=0",
              "--config.check_memory=False", "--config.optim.actor_lr=0.001")
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
+MOMENTS = ("random", "mid-save")  # when a kill lands: any time, or while a checkpoint is written
 
 
 @dataclasses.dataclass
 class Kill:
     """One kill -9 and the relaunch after it."""
 
-    moment: str  # "random" | "mid-save"
+    moment: str  # one of MOMENTS
     logged: int  # metrics.jsonl lines when killed
     partial: bool  # a checkpoint's temporary directory was left behind
     newest: int | None  # newest complete checkpoint after the kill
@@ -117,8 +118,9 @@ def killed_run(workdir: Path, steps: int, kills: int, env: dict[str, str], rng: 
     """Runs `steps` steps under `kills` kill -9s, relaunching with --resume after each; the
     kills alternate between the two moments, starting with `first` ("random" or "mid-save").
     Returns the kills, the refused second run's stderr and the final metrics."""
-    if first not in ("random", "mid-save"):
-        raise ValueError(f"first = {first!r} is invalid; valid: 'random', 'mid-save'")
+    if first not in MOMENTS:
+        raise ValueError(f"first = {first!r} is invalid; valid: {', '.join(map(repr, MOMENTS))}")
+    order = MOMENTS if first == MOMENTS[0] else MOMENTS[::-1]
     records: list[Kill] = []
     refused = ""
     for launch in range(kills + 1):
@@ -141,7 +143,7 @@ def killed_run(workdir: Path, steps: int, kills: int, env: dict[str, str], rng: 
                     second = subprocess.run(command(workdir, steps, resume=False), env=env,
                                             capture_output=True, text=True, timeout=600)
                     refused = f"exit {second.returncode}: {second.stderr.strip()}"
-                moment = first if launch % 2 == 0 else ({"random", "mid-save"} - {first}).pop()
+                moment = order[launch % 2]
                 if moment == "mid-save":
                     wait_for(lambda: bool(partial_saves(workdir)), process, 60, poll=0.001)
                 else:

@@ -293,11 +293,6 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> Non
                         "covers every experiment's finished runs)")
     args = parser.parse_args(argv)
     suite = SUITES[args.suite]()
-    names = [spec.name for spec in suite.experiments]
-    unknown = [name for name in args.only if name not in names]
-    if unknown:
-        raise ValueError(f"--only {unknown[0]!r}: no such experiment in suite {args.suite!r}; "
-                         f"valid: {', '.join(names)}")
     if args.set:
         base = suite.experiments[0].settings[0].config()
         try:
@@ -308,6 +303,10 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> Non
             if len(values) != 1:
                 raise ValueError(f"--set {key}: one value, not {len(values)}")
         suite = suite.with_overrides({key: values[0] for key, values in grid})
+    try:  # after --set: the runs trained carry its overrides
+        trained = suite.only(args.only) if args.only else suite
+    except ValueError as error:
+        raise ValueError(f"--only: {error}") from None
 
     def say(line: str) -> None:
         print(line, file=stream or sys.stdout, flush=True)
@@ -325,8 +324,7 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> Non
         start = time.perf_counter()
         with tee_output(workdir / "reproduce.log"), run_py.stop_on_signals() as stop:
             try:
-                chosen = suite.only(args.only) if args.only else suite
-                finished = run_suite(chosen, workdir, say, stop, args.keep_checkpoints)
+                finished = run_suite(trained, workdir, say, stop, args.keep_checkpoints)
             finally:
                 _invocations(workdir, time.perf_counter() - start)
         if not finished:

@@ -71,7 +71,13 @@ class Suite:
         return dataclasses.replace(self, experiments=tuple(map(apply, self.experiments)))
 
     def only(self, names: list[str]) -> Suite:
-        """The suite with only the experiments named `names` (Spec.name), in suite order."""
+        """The suite with only the experiments named `names` (Spec.name), in suite order;
+        ValueError naming the valid names for a name it does not have."""
+        known = [spec.name for spec in self.experiments]
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise ValueError(f"no experiment {unknown[0]!r} in this suite; valid: "
+                             f"{', '.join(known)}")
         return dataclasses.replace(self, experiments=tuple(
             spec for spec in self.experiments if spec.name in names))
 

@@ -335,11 +335,11 @@ def results_csv(experiments: Sequence[ExperimentResult]) -> str:
 
 def experiment_markdown(exp: ExperimentResult, figure_names: Sequence[str]) -> str:
     """One experiment's section of report.md (figures referenced under figures/)."""
-    total = sum(s for seeds in exp.wall_seconds.values() for s in seeds.values())
-    seeds = ", ".join(map(str, exp.seeds))
     if not exp.runs:  # a suite stopped before any of its runs finished
         return (f"## {exp.title}\n\n{exp.about.strip()}\n\nNo run of this experiment has "
                 "finished yet: the suite's command continues it.\n")
+    total = sum(s for seeds in exp.wall_seconds.values() for s in seeds.values())
+    seeds = ", ".join(map(str, exp.seeds))
     parts = [f"## {exp.title}\n", exp.about.strip() + "\n",
              f"Seeds {seeds}; wall time of its runs {format_duration(total)}.\n",
              "| setting | config | seeds | steps | wall time |", "|---|---|---|---|---|"]

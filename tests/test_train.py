@@ -131,7 +131,9 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     assert jax.device_count() == 4, jax.devices()
     ids = dict(model=model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     out = {}
-    for name, mesh in ((("single", None),) if not pieces else ()) + (("sharded", make_mesh(tp=2)),):
+    runs = [("sharded", make_mesh(tp=2))] if pieces else [("single", None),
+                                                          ("sharded", make_mesh(tp=2))]
+    for name, mesh in runs:
         def fresh():
             state = init_train_state(config, jax.random.PRNGKey(0), model=model)
             return state if mesh is None else shard_state(state, model, mesh)
