@@ -62,3 +62,22 @@ def test_phase_flops_by_hand():
     grpo = phase_flops(SMOLLM2, config, lengths, kept)
     assert grpo["old_logprobs"] == 2 * policy
     assert grpo["update"] == 3 * policy * 2 * 2 + policy
+
+
+def test_a_groups_shared_prefix_counts_once():
+    # Independent count: every (row, position) a forward must compute, the prefix positions of a
+    # group once; each computed position t attends to t + 1 keys.
+    lengths, prefix = np.array([[10, 12, 9], [20, 25, 30]]), np.array([8, 15])
+    positions = []
+    for row_lengths, p in zip(lengths, prefix):
+        positions += list(range(p))
+        for n in row_lengths:
+            positions += list(range(p, n))
+    expected = 2 * LM * len(positions) + PAIR * sum(t + 1 for t in positions)
+    assert forward_flops(SMOLLM2, lengths, prefix=prefix) == expected
+    assert forward_flops(SMOLLM2, lengths, prefix=np.zeros(2)) == forward_flops(
+        SMOLLM2, lengths.ravel())
+    with pytest.raises(ValueError, match="prefix must be"):
+        forward_flops(SMOLLM2, lengths, prefix=np.array([8, 21]))  # longer than a row of 20
+    with pytest.raises(ValueError, match="prefix must be"):
+        forward_flops(SMOLLM2, lengths.ravel(), prefix=prefix)  # rows not grouped
