@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
-import pathlib
 import statistics
 import time
 
@@ -30,14 +28,7 @@ import numpy as np  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
 from starpo_jax.train import make_train_fns  # noqa: E402
-
-
-def _config(name: str):
-    path = pathlib.Path(__file__).parent / "configs" / name
-    spec = importlib.util.spec_from_file_location("bench_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+from suites import load_config  # noqa: E402
 
 
 def main() -> None:
@@ -47,7 +38,7 @@ def main() -> None:
     parser.add_argument("--micro-batches", type=int, default=1, help="optim.micro_batches")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each variant")
     args = parser.parse_args()
-    config = _config(args.config)
+    config = load_config(args.config)
     config.filter.keep_ratio = args.keep_ratio
     config.optim.micro_batches = args.micro_batches
     exp = api.build(config)

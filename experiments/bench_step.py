@@ -3,6 +3,13 @@
     python experiments/bench_step.py            # tiny-random and SmolLM2, P=8, N=16, 5 turns
     python experiments/bench_step.py --quick    # tiny-random only, P=2, N=4, 2 turns
     python experiments/bench_step.py --compile-only --micro-batches 4 --remat --cache-dtype bfloat16
+    python experiments/bench_step.py --config quickstart.py      # a run config's step, as run.py
+    python experiments/bench_step.py --config sokoban_ppo.py --set rollout.reply_tokens=100
+
+--config benchmarks the step a run config file (experiments/configs) builds, exactly as
+`experiments/run.py --config FILE` steps it: its model, shapes and settings, and the memory
+knobs it leaves unset chosen from the compiled plan and the free memory (starpo_jax.autofit,
+the line it prints says what it chose); `--set KEY=VALUE` overrides a key (repeatable).
 
 --compile-only compiles the whole SmolLM2 step at the issue-5 shape without running it and
 prints compile wall and CPU seconds, XLA's memory_analysis (temporaries, arguments, outputs:
@@ -21,7 +28,8 @@ process's (resource.getrusage) after the step, so it includes loading the model 
 Then a table per model, one line per phase: its real (non-pad) tokens (every row's for the
 rollout, the kept rows' for old log-probs and update) per second, and its model-FLOPs
 utilisation: the phase's useful FLOPs (starpo_jax/flops.py: 2 x matmul weights per token per
-forward plus causal attention, forward+backward = 3 forwards; real tokens only) / its seconds /
+forward plus causal attention, forward+backward = 3 forwards; real tokens only, a group's shared
+first prompt once) / its seconds /
 the f32 2048^3 matmul peak measured in the same run (bench_sampler.matmul_peak, the larger of
 JAX's and torch's, as bench_sampler's table).
 """
@@ -29,23 +37,27 @@ JAX's and torch's, as bench_sampler's table).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import sys
 import time
+from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
 import envs_jax  # noqa: E402
 from bench_sampler import matmul_peak  # noqa: E402
+from suites import load_config  # noqa: E402
+from starpo_jax import api  # noqa: E402
 from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
 from starpo_jax.filtering import select_groups  # noqa: E402
 from starpo_jax.flops import phase_flops  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.phases import phase_name  # noqa: E402
+from starpo_jax.sweep import parse_grid, setting_config  # noqa: E402
 from starpo_jax.rollout import buffer_length  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train import init_train_state, make_train_fns, make_train_step  # noqa: E402
@@ -54,8 +66,21 @@ from starpo_jax.train import init_train_state, make_train_fns, make_train_step  
 PHASES = ("rollout", "old_logprobs", "update")
 
 
+class Setup(NamedTuple):
+    """What a bench runs: a label, the env's name and the pieces of its step."""
+
+    name: str
+    env_name: str
+    model: Any
+    tokenizer: Any
+    env: Any
+    codec: Any
+    config: TrainConfig
+
+
 def _setup(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
            knobs: dict):
+    """The bench's own step: model_name's weights, P x N rows of env_name, the given knobs."""
     model, tok = load_pretrained(model_name)
     env = envs_jax.make(env_name)
     codec = build_codec(tok, env, mode="think", verify=20)  # announces the env's max tokens
@@ -66,13 +91,33 @@ def _setup(model_name: str, env_name: str, p: int, n: int, turns: int, reply: in
         filter=FilterConfig(keep_ratio=0.25),
         optim=OptimConfig(micro_batches=knobs["micro_batches"],
                           remat=knobs["remat"]))
-    return model, tok, env, codec, config
+    return Setup(model_name, env_name, model, tok, env, codec, config)
+
+
+def _setup_config(name: str, sets: list[str]):
+    """The step of run config file `name` (with `sets` overrides) as experiments/run.py builds
+    it, its unset memory knobs chosen against the free memory (api.check_memory)."""
+    config = load_config(name)
+    if sets:
+        config = setting_config(config, {key: values[0] for key, values in
+                                         parse_grid(sets, config)})
+    exp = api.build(config)
+    if exp.auto:
+        api.check_memory(exp)
+        print(f"  {exp.memory.line()}", file=sys.stderr, flush=True)
+    setup = Setup(f"{name}: {config.model.source}", config.env.name, exp.model, exp.tokenizer,
+                  exp.env, exp.codec, exp.train)
+    del exp  # its state and the choice's compiled step would count in the bench's peak
+    gc.collect()
+    jax.clear_caches()
+    return setup
 
 
 def compile_only(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
                  knobs: dict) -> dict:
     """Compiles the whole step on abstract inputs (nothing runs) and reads XLA's memory plan."""
-    model, tok, env, codec, config = _setup(model_name, env_name, p, n, turns, reply, algo, knobs)
+    _, _, model, tok, env, codec, config = _setup(model_name, env_name, p, n, turns, reply, algo,
+                                                  knobs)
     step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
                            pad_id=tok.pad_token_id)
     state = jax.eval_shape(lambda: init_train_state(config, jax.random.PRNGKey(1), model=model))
@@ -115,8 +160,9 @@ class PhaseTimes:
 
 def _counting_step(fns, config: TrainConfig):
     """fns.step composed as make_train_step's program (same keys, same work), also returning
-    the real tokens of every row [B] and of the rows the update trains on [K, N] (zero for
-    groups the filter did not really keep): the counts the FLOPs are computed from."""
+    what the useful FLOPs are counted from: the real tokens of every row [P, N] and of the rows
+    the update trains on [K, N] (zero for groups the filter did not really keep), and the
+    groups' first-prompt lengths [P] and [K] (the prefix the group's rows share)."""
     group = config.rollout.group_size
 
     def step(state, key):
@@ -124,51 +170,56 @@ def _counting_step(fns, config: TrainConfig):
         out = fns.rollout(state, rollout_key)
         state, metrics = fns.learn(state, out, update_key)
         selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter)
-        kept = out.lengths.reshape(-1, group)[selection.indices] * selection.kept[:, None]
-        return state, metrics, out.lengths, kept
+        lengths = out.lengths.reshape(-1, group)
+        prefix = out.prompt_lengths.reshape(-1, group)[:, 0]
+        kept = lengths[selection.indices] * selection.kept[:, None]
+        kept_prefix = prefix[selection.indices] * selection.kept
+        return state, metrics, (lengths, prefix, kept, kept_prefix)
 
     return jax.jit(step, donate_argnums=0)
 
 
-def bench(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
-          knobs: dict, peak: float):
-    """The whole step, compiled ahead of time and run once; its phases are read from marks the
-    program sends to the host as each phase ends (one run: a SmolLM2 step takes over an hour on
-    a 2-core CPU, so the phases are not run again on their own). peak: the machine's matmul
-    FLOP/s, the MFU's denominator."""
-    model, tok, env, codec, config = _setup(model_name, env_name, p, n, turns, reply, algo, knobs)
-    clock = PhaseTimes(knobs["chunks"])
+def bench(setup: Setup, peak: float) -> dict:
+    """The whole step of `setup` (_setup or _setup_config), compiled ahead of time and run once;
+    its phases are read from marks the program sends to the host as each phase ends (one run:
+    a paper-shape SmolLM2 step takes tens of minutes on a 2-core CPU, so the phases are not run
+    again on their own). peak: the machine's matmul FLOP/s, the MFU's denominator."""
+    name, env_name, model, tok, env, codec, config = setup
+    r = config.rollout
+    clock = PhaseTimes(r.chunks)
     fns = make_train_fns(config, env, codec, model=model, eos_id=tok.eos_token_id,
                          pad_id=tok.pad_token_id, phase_clock=clock)
     step = _counting_step(fns, config)
     model_config = model.config
     state = init_train_state(config, jax.random.PRNGKey(1), model=model)
-    del model  # the state holds the weights; the model's own copy would count in the peak
+    del model, setup  # the state holds the weights; the model's own copy would count in the peak
     start = time.perf_counter()
     compiled = step.lower(state, jax.random.PRNGKey(0)).compile()
     compile_time = time.perf_counter() - start
-    print(f"  [{time.strftime('%H:%M:%S')}] {model_name}: step compiled in {compile_time:.1f} s",
+    print(f"  [{time.strftime('%H:%M:%S')}] {name}: step compiled in {compile_time:.1f} s",
           file=sys.stderr, flush=True)
     clock.start()
-    state, metrics, lengths, kept = jax.block_until_ready(compiled(state,
-                                                                   jax.random.PRNGKey(0)))
+    state, metrics, counts = jax.block_until_ready(compiled(state, jax.random.PRNGKey(0)))
     step_time = time.perf_counter() - clock.t0
-    metrics, lengths, kept = jax.device_get((metrics, lengths, kept))
+    metrics, (lengths, prefix, kept, kept_prefix) = jax.device_get((metrics, counts))
     rollout_end, old_end = clock.at("rollout"), clock.at("old_logprobs")
-    rows = p * n
+    rows = r.groups * r.group_size
     generated = float(metrics["rollout/response_length"] * metrics["rollout/num_turns"]) * rows
     seconds = {"rollout": rollout_end, "old_logprobs": old_end - rollout_end,
                "update": step_time - old_end}
-    kept = np.asarray(kept).ravel()
-    kept = kept[kept > 0]
+    really = kept_prefix > 0  # groups the filter kept (a kept group's prompt is never empty)
+    kept, kept_prefix = kept[really], kept_prefix[really]
     tokens = {"rollout": int(lengths.sum()), "old_logprobs": int(kept.sum()),
               "update": int(kept.sum())}
-    flops = phase_flops(model_config, config, lengths, kept)
+    flops = phase_flops(model_config, config, lengths, kept, prefix, kept_prefix)
     phases = {name: dict(seconds=seconds[name], tokens=tokens[name],
                          tok_s=tokens[name] / seconds[name], gflop=flops[name] / 1e9,
                          mfu=flops[name] / seconds[name] / peak) for name in PHASES}
-    return dict(model=model_name, env=env_name, algo=algo, B=rows,
-                L=buffer_length(codec, config.rollout), turns=turns, reply=reply,
+    o = config.optim
+    return dict(model=name, env=env_name, algo=config.algo, B=rows,
+                L=buffer_length(codec, r), turns=r.max_turns, reply=r.reply_tokens,
+                knobs=f"mb {o.micro_batches}, remat {o.remat}, {r.cache_dtype} cache, "
+                      f"{r.chunks} chunks",
                 compile_step=compile_time, **seconds, step=step_time,
                 tok_s=tokens["rollout"] / step_time, gen_tok_s=generated / rollout_end,
                 mfu=sum(flops.values()) / step_time / peak,
@@ -203,7 +254,14 @@ def main() -> None:
     parser.add_argument("--cache-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="rollout.cache_dtype")
     parser.add_argument("--rollout-chunks", type=int, default=1, help="rollout.chunks")
+    parser.add_argument("--config", default=None,
+                        help="bench this run config file's step instead (experiments/configs), "
+                        "its unset memory knobs chosen as run.py chooses them")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --config: override a config key (repeatable)")
     args = parser.parse_args()
+    if args.set and not args.config:
+        parser.error("--set goes with --config")
     knobs = dict(micro_batches=args.micro_batches, remat=args.remat, cache_dtype=args.cache_dtype,
                  chunks=args.rollout_chunks)
     if args.compile_only:
@@ -212,19 +270,21 @@ def main() -> None:
         print(" | ".join(row))
         print(" | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
         return
-    if args.quick:
-        cases = [("tiny-random", 2, 4, 2, 16)]
+    if args.config:
+        cases = [lambda: _setup_config(args.config, args.set)]
+    elif args.quick:
+        cases = [lambda: _setup("tiny-random", args.env, 2, 4, 2, 16, args.algo, knobs)]
     else:
-        cases = [(m, 8, 16, 5, args.reply) for m in ("tiny-random", "smollm2-135m-instruct")
-                 if args.model in (None, m)]
+        cases = [lambda m=m: _setup(m, args.env, 8, 16, 5, args.reply, args.algo, knobs)
+                 for m in ("tiny-random", "smollm2-135m-instruct") if args.model in (None, m)]
     peak = max(matmul_peak(2048, 3))
     print(f"devices: {jax.devices()}; f32 2048^3 matmul peak: {peak / 1e9:.1f} GFLOP/s")
-    cols = ("model", "env", "algo", "B", "L", "turns", "reply", "compile_step", "rollout",
+    cols = ("model", "env", "algo", "B", "L", "turns", "reply", "knobs", "compile_step", "rollout",
             "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "mfu", "peak_rss_gib")
     print(" | ".join(cols))
     rows = []
-    for model_name, p, n, turns, reply in cases:
-        rows.append(bench(model_name, args.env, p, n, turns, reply, args.algo, knobs, peak))
+    for setup in cases:
+        rows.append(bench(setup(), peak))
         print(" | ".join(f"{rows[-1][c]:.2f}" if isinstance(rows[-1][c], float)
                          else str(rows[-1][c]) for c in cols), flush=True)
     for row in rows:

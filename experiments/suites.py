@@ -137,13 +137,22 @@ def _grid(env: str, algo: str) -> Callable[[], ConfigDict]:
     return base
 
 
+def load_config(name: str) -> ConfigDict:
+    """get_config() of a shipped config file: experiments/configs/<name> (".py" optional)."""
+    path = CONFIG_DIR / (name if name.endswith(".py") else f"{name}.py")
+    if not path.is_file():
+        shipped = ", ".join(sorted(p.name for p in CONFIG_DIR.glob("*.py")))
+        raise FileNotFoundError(f"no config file {path}; the shipped ones: {shipped}")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
 def _paper(name: str) -> Callable[[], ConfigDict]:
     def base() -> ConfigDict:
         """A shipped paper-setting config file (experiments/configs/<name>.py)."""
-        spec = importlib.util.spec_from_file_location(name, CONFIG_DIR / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module.get_config()
+        return load_config(name)
     return base
 
 
