@@ -206,7 +206,10 @@ def _commit() -> str:
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "-uno"],
+        # The suite's own outputs (results/, rewritten by the run being reported) are not
+        # changes to the code that produced them.
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "-uno", "--",
+                                ".", ":(exclude)results"],
                                capture_output=True, text=True, check=True).stdout.strip()
         return out + (" (with uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -305,3 +306,22 @@ def test_tiny_suite_runs_reports_skips_and_resumes(tmp_path):
     assert "seed 1: resuming" in resumed and "seed 0: finished earlier" in resumed
     assert _metrics(runs[1]) == before
     assert not (runs[1] / "checkpoints").exists(), "a finished run's checkpoints are deleted"
+
+
+def test_the_report_names_the_commit_and_ignores_the_suites_own_results(tmp_path, monkeypatch):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "results.csv").write_text("a\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    monkeypatch.setattr(reproduce, "ROOT", tmp_path)
+    clean = reproduce._commit()
+    assert clean and "uncommitted" not in clean and "unknown" not in clean
+    (tmp_path / "results" / "results.csv").write_text("a\nb\n")  # the run rewrote its results
+    assert reproduce._commit() == clean
+    (tmp_path / "code.py").write_text("x = 2\n")  # the code that ran was not the commit's
+    assert reproduce._commit() == f"{clean} (with uncommitted changes)"
