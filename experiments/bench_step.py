@@ -57,7 +57,7 @@ from starpo_jax.filtering import select_groups  # noqa: E402
 from starpo_jax.flops import phase_flops  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.phases import phase_name  # noqa: E402
-from starpo_jax.sweep import parse_grid, setting_config  # noqa: E402
+from starpo_jax.sweep import parse_overrides, setting_config  # noqa: E402
 from starpo_jax.rollout import buffer_length  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train import init_train_state, make_train_fns, make_train_step  # noqa: E402
@@ -99,8 +99,7 @@ def _setup_config(name: str, sets: list[str]):
     it, its unset memory knobs chosen against the free memory (api.check_memory)."""
     config = load_config(name)
     if sets:
-        config = setting_config(config, {key: values[0] for key, values in
-                                         parse_grid(sets, config)})
+        config = setting_config(config, parse_overrides(sets, config))
     exp = api.build(config)
     if exp.auto:
         api.check_memory(exp)
@@ -116,17 +115,17 @@ def _setup_config(name: str, sets: list[str]):
 def compile_only(model_name: str, env_name: str, p: int, n: int, turns: int, reply: int, algo: str,
                  knobs: dict) -> dict:
     """Compiles the whole step on abstract inputs (nothing runs) and reads XLA's memory plan."""
-    _, _, model, tok, env, codec, config = _setup(model_name, env_name, p, n, turns, reply, algo,
-                                                  knobs)
-    step = make_train_step(config, env, codec, model=model, eos_id=tok.eos_token_id,
-                           pad_id=tok.pad_token_id)
-    state = jax.eval_shape(lambda: init_train_state(config, jax.random.PRNGKey(1), model=model))
+    s = _setup(model_name, env_name, p, n, turns, reply, algo, knobs)
+    config = s.config
+    step = make_train_step(config, s.env, s.codec, model=s.model, eos_id=s.tokenizer.eos_token_id,
+                           pad_id=s.tokenizer.pad_token_id)
+    state = jax.eval_shape(lambda: init_train_state(config, jax.random.PRNGKey(1), model=s.model))
     wall, cpu = time.perf_counter(), time.process_time()
     compiled = step.lower(state, jax.random.PRNGKey(0)).compile()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     memory = compiled.memory_analysis()
     gib = 2**30
-    return dict(model=model_name, B=p * n, L=buffer_length(codec, config.rollout), **knobs,
+    return dict(model=model_name, B=p * n, L=buffer_length(s.codec, config.rollout), **knobs,
                 compile_wall=wall, compile_cpu=cpu, temp_gib=memory.temp_size_in_bytes / gib,
                 args_gib=memory.argument_size_in_bytes / gib,
                 out_gib=memory.output_size_in_bytes / gib,
@@ -161,8 +160,8 @@ class PhaseTimes:
 def _counting_step(fns, config: TrainConfig):
     """fns.step composed as make_train_step's program (same keys, same work), also returning
     what the useful FLOPs are counted from: the real tokens of every row [P, N] and of the rows
-    the update trains on [K, N] (zero for groups the filter did not really keep), and the
-    groups' first-prompt lengths [P] and [K] (the prefix the group's rows share)."""
+    of the K groups the filter selected [K, N], the groups' first-prompt lengths [P] and [K]
+    (the prefix a group's rows share), and which of the K the filter really kept [K]."""
     group = config.rollout.group_size
 
     def step(state, key):
@@ -172,9 +171,8 @@ def _counting_step(fns, config: TrainConfig):
         selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter)
         lengths = out.lengths.reshape(-1, group)
         prefix = out.prompt_lengths.reshape(-1, group)[:, 0]
-        kept = lengths[selection.indices] * selection.kept[:, None]
-        kept_prefix = prefix[selection.indices] * selection.kept
-        return state, metrics, (lengths, prefix, kept, kept_prefix)
+        return state, metrics, (lengths, prefix, lengths[selection.indices],
+                                 prefix[selection.indices], selection.kept)
 
     return jax.jit(step, donate_argnums=0)
 
@@ -201,13 +199,12 @@ def bench(setup: Setup, peak: float) -> dict:
     clock.start()
     state, metrics, counts = jax.block_until_ready(compiled(state, jax.random.PRNGKey(0)))
     step_time = time.perf_counter() - clock.t0
-    metrics, (lengths, prefix, kept, kept_prefix) = jax.device_get((metrics, counts))
+    metrics, (lengths, prefix, kept, kept_prefix, really) = jax.device_get((metrics, counts))
     rollout_end, old_end = clock.at("rollout"), clock.at("old_logprobs")
     rows = r.groups * r.group_size
     generated = float(metrics["rollout/response_length"] * metrics["rollout/num_turns"]) * rows
     seconds = {"rollout": rollout_end, "old_logprobs": old_end - rollout_end,
                "update": step_time - old_end}
-    really = kept_prefix > 0  # groups the filter kept (a kept group's prompt is never empty)
     kept, kept_prefix = kept[really], kept_prefix[really]
     tokens = {"rollout": int(lengths.sum()), "old_logprobs": int(kept.sum()),
               "update": int(kept.sum())}

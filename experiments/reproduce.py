@@ -298,14 +298,8 @@ def main(argv: Sequence[str] | None = None, stream: TextIO | None = None) -> Non
     suite = SUITES[args.suite]()
     if args.set:
         base = suite.experiments[0].settings[0].config()
-        try:
-            grid = sweep_lib.parse_grid(args.set, base)
-        except ValueError as error:  # the sweep's parser names its own flag
-            raise ValueError(str(error).replace("--grid", "--set")) from None
-        for key, values in grid:
-            if len(values) != 1:
-                raise ValueError(f"--set {key}: one value, not {len(values)}")
-        suite = suite.with_overrides({key: values[0] for key, values in grid})
+        overrides = sweep_lib.parse_overrides(args.set, base)
+        suite = suite.with_overrides(overrides)
     try:  # after --set: the runs trained carry its overrides
         trained = suite.only(args.only) if args.only else suite
     except ValueError as error:

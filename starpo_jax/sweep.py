@@ -133,6 +133,19 @@ def parse_grid(specs: Sequence[str], base: ConfigDict) -> list[GridAxis]:
     return grid
 
 
+def parse_overrides(specs: Sequence[str], base: ConfigDict, flag: str = "--set") -> dict[str, Any]:
+    """['model.source=/m', ...] -> {'model.source': '/m', ...}: parse_grid's checks, one value
+    per key; errors name `flag` (the command's own option) instead of --grid."""
+    try:
+        grid = parse_grid(specs, base)
+    except ValueError as error:
+        raise ValueError(str(error).replace("--grid", flag)) from None
+    for key, values in grid:
+        if len(values) != 1:
+            raise ValueError(f"{flag} {key}: one value, not {len(values)}")
+    return {key: values[0] for key, values in grid}
+
+
 def settings(grid: Sequence[GridAxis]) -> list[dict[str, Any]]:
     """Every combination of the grid, the last key varying fastest; [{}] for an empty grid."""
     keys = [key for key, _ in grid]

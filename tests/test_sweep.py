@@ -247,3 +247,13 @@ def test_config_arg_resolution():
                                    "--config=sokoban_grpo.py", "--config.steps=3"]) == [
         "sweep.py", "--config", str(configs / "bandit_ppo.py"), "--novmap",
         f"--config={configs / 'sokoban_grpo.py'}", "--config.steps=3"]
+
+
+def test_parse_overrides_takes_one_typed_value_per_key_and_names_the_flag():
+    base = base_config()
+    assert lib.parse_overrides(["filter.keep_ratio=0.5", "nothink=true"], base) == {
+        "filter.keep_ratio": 0.5, "nothink": True}
+    with pytest.raises(ValueError, match="--set filter.keep_ratio: one value, not 2"):
+        lib.parse_overrides(["filter.keep_ratio=0.25,1.0"], base)
+    with pytest.raises(ValueError, match="^--bench 'filter.keep_ratio': expected KEY=VALUE"):
+        lib.parse_overrides(["filter.keep_ratio"], base, flag="--bench")
