@@ -31,7 +31,8 @@ from starpo_jax.config import (AdvantageConfig, CollapseConfig, FilterConfig, Lo
                                LossConfig, OptimConfig, RolloutConfig, TrainConfig)
 from starpo_jax.evaluation import EvalConfig, Evaluator, default_eval_envs
 from starpo_jax import autofit
-from starpo_jax.memory import MemoryPlan, budget, host_available_bytes, step_plan
+from starpo_jax.memory import (MemoryPlan, budget, host_available_bytes, release_freed_heap,
+                               step_plan)
 from starpo_jax.models import load_pretrained
 from starpo_jax.models.lora import adapted
 from starpo_jax.models.loading import EMBEDDED_NAME, TINY_RANDOM_NAME
@@ -40,7 +41,7 @@ from starpo_jax.phases import StepProgress
 from starpo_jax.rollout import buffer_length
 from starpo_jax.sharding import make_mesh, shard_state
 from starpo_jax.text import build_codec
-from starpo_jax.train import TrainState, init_train_state, make_train_step
+from starpo_jax.train import TrainState, init_train_state, make_train_step, shared_width
 
 ConfigDict = config_dict.ConfigDict
 SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": AdvantageConfig,
@@ -446,6 +447,7 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
                      auto=auto_knobs(full))
     exp.use(train)
     exp.state = exp.fresh_state()
+    release_freed_heap()  # what loading the weights freed
     return exp
 
 
@@ -485,6 +487,7 @@ def check_memory(exp: Experiment, anywhere: Callable[[bool], bool] = bool,
         else:
             exp.memory = _choose(exp, smallest(free), where, available)
     plan = memory_plan(exp, available)  # a chosen step: its compile is reused
+    release_freed_heap()  # what compiling freed
     if anywhere(not plan.fits):
         here = str(plan) if not plan.fits else f"on another process (this one: {plan})"
         raise MemoryError(f"the compiled train step would not fit: {here}. "
@@ -513,9 +516,10 @@ def _choose(exp: Experiment, free: int, where: str,
         return memory_plan(exp, available).needed
 
     shape = autofit.StepShape.of(base, exp.model.config, buffer_length(exp.codec, base.rollout),
-                                 sum(x.nbytes for x in jax.tree.leaves(exp.state)))
+                                 sum(x.nbytes for x in jax.tree.leaves(exp.state)),
+                                 shared_width(base, exp.codec, exp.mesh))
     try:
-        choice = autofit.choose(autofit.options(base, exp.auto), shape, plan_of, free, where,
+        choice = autofit.choose(autofit.options(base, exp.auto, shape), shape, plan_of, free, where,
                                 exp.auto, shrink_hint(base))
     except MemoryError:
         exp.use(base)

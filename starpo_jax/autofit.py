@@ -1,6 +1,7 @@
 """Memory settings chosen from the compiled step's memory plan and the free memory.
 
-    candidates = options(train, auto)            # fastest first
+    shape = StepShape.of(train, model, length, state_bytes, prefix_width)
+    candidates = options(train, auto, shape)     # fastest first
     choice = choose(candidates, shape, plan_of, budget=free_bytes)
     choice.settings.apply(train)                 # the TrainConfig to run
     print(choice.line())
@@ -11,10 +12,13 @@ buffers: groups rolled out in sequential pieces, each with its own key, so the s
 distribution with other random draws) and rollout.cache_dtype (bfloat16 halves the cache;
 the sampler then differs from the trainer by bfloat16 rounding, rollout/logprob_diff_*). Those
 left unset (None in api.default_config) are chosen here: the candidates are every combination
-of their values, ordered by a rough step-time model (`relative_time`: more chunks slow the
-rollout's decode, remat adds a forward to the update, micro-batches cost little; the bfloat16
-cache only after every float32 setting, as it is the one inexact choice), and the fastest
-whose compiled plan fits within (1 - MARGIN) of the free memory is taken.
+of their values, ordered by a step-time model fitted to this CPU's measured phases
+(`relative_time`: the decode cost of a chunk's rows at the step's cache length, the positions
+the update's row slices compute with a group's shared prompt once per slice, remat's extra
+forward), of equal time the less memory first (micro-batches that keep whole groups together
+are free), and a bfloat16 cache just behind the float32 one of the same chunks, as it is the
+one inexact choice; the fastest whose compiled plan fits within (1 - MARGIN) of the free
+memory is taken.
 
 Compiling the paper-shape step takes 25 s to minutes, so candidates are not compiled in turn:
 `estimate` sizes each from the shapes (the KV cache exactly; the update's activations from
@@ -32,9 +36,11 @@ import math
 from typing import Callable
 
 from starpo_jax.config import TrainConfig
+from starpo_jax.flops import matmul_weights
 from starpo_jax.memory import GIB
 from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.layers import CAUSAL_BLOCK
+from starpo_jax.shared_prefix import PrefixPlan, slice_plans
 
 KNOBS = ("optim.micro_batches", "optim.remat", "rollout.cache_dtype", "rollout.chunks")
 MARGIN = 0.1  # the plan may use 90% of the free memory: the process needs some beyond it
@@ -88,22 +94,68 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def relative_time(s: Settings) -> float:
-    """A rough step time, 1.0 = one chunk, float32 cache, no remat, one micro-batch; rollout
-    and update taken as half the step each (this CPU's paper-shape step: 891 s rollout, 1168 s
-    after). A decode step of 16 rows runs ~1.45x longer per row than one of 128 (README,
-    bench_sampler.py), so each halving of the chunk's rows adds 0.15; remat runs a second
-    forward (4/3 of the update's work); a micro-batch halving adds 2%; a bfloat16 cache ranks
-    just behind the float32 one of the same chunks."""
-    rollout = 1 + 0.15 * math.log2(s.chunks) + (0.01 if s.cache_dtype == "bfloat16" else 0.0)
-    update = (1 + 0.02 * math.log2(s.micro_batches)) * (4 / 3 if s.remat else 1.0)
-    return 0.5 * rollout + 0.5 * update
+# A step's time on this CPU, SmolLM2-135M, in ms (only their ratios rank settings; the costs
+# scale with the model's matmul weights and, for attention, with its cache bytes per slot).
+# Decode, per generated token of a chunk of r rows, each row's cache filled to S slots on
+# average: DECODE_STEP / r + DECODE_ROW + S x DECODE_SLOT x (1 + DECODE_WIDE x log2(r / 16)),
+# fitted to bench_sampler's decode fills (16 rows, 1758 slots: ~59 ms of the step is the
+# weights, attention linear in the fill), the quickstart's rollout (32 rows, ~210 slots: one
+# chunk 1.4x faster than four of 8 rows) and the paper shape's (128 rows, ~1100 slots: one
+# chunk 1.37x slower per token than eight of 16 rows, 21.7 against 16.0 ms; bench_step.py).
+DECODE_STEP = 45.0  # per decode step whatever its rows: the weights read, the loop's own work
+DECODE_ROW = 3.7  # per row and step: its matmuls
+DECODE_SLOT = 8.5e-3  # per row, step and filled float32 cache slot: attention
+DECODE_WIDE = 0.29  # attention's per-slot cost grows by this per doubling of rows beyond 16
+TRAIN_TOKEN = 7.0  # per buffer position through forward and backward (a forward: a third)
+SMOLLM2 = {"weights": 134_479_872, "slot": 30 * 3 * 64}  # matmul_weights; layers x kv heads x hd
 
 
-def options(train: TrainConfig, auto: tuple[str, ...]) -> list[Settings]:
+def relative_time(shape: StepShape, train: TrainConfig, s: Settings) -> float:
+    """A step's modelled time under settings `s` (ms of this CPU; see DECODE_* and TRAIN_TOKEN).
+
+    Rollout: the chunk's rows r = rows / chunks set the decode cost per token above; fewer,
+    larger chunks amortise the weights, but at long caches attention over many rows' caches
+    costs more per slot. A bfloat16 cache ranks just behind the float32 one of the same
+    chunks (it is the one inexact choice). Update and old log-probs: the positions the row
+    slices compute, a group's shared first prompt once per slice that holds the group (the
+    shared-prefix plans of shared_prefix.slice_plans), so micro-batches that keep whole groups
+    together cost nothing and smaller ones recompute the prompt; remat adds a forward (4/3);
+    a PPO step runs it all for the critic too. Settings of equal time rank by memory (options).
+    """
+    m = shape.model
+    weights = matmul_weights(m) / SMOLLM2["weights"]
+    slot = m.num_layers * m.num_kv_heads * m.head_dim / SMOLLM2["slot"] * DECODE_SLOT
+    r = shape.rows // s.chunks
+    width = shape.prefix_width
+    filled = (shape.length + (width if width is not None else 0)) / 2
+    per_token = (weights * (DECODE_STEP / r + DECODE_ROW)
+                 + filled * slot * (1 + DECODE_WIDE * max(0.0, math.log2(r / 16))))
+    rollout = shape.rows * shape.decode_tokens * per_token
+    rollout *= 1.001 if s.cache_dtype == "bfloat16" else 1.0
+    prepare_plan, update_plan = slice_plans(width, s.apply(train))
+    pieces = s.micro_batches
+    prepare = pieces * _positions(prepare_plan, train.kept_rows // pieces, shape.length)
+    rounds = train.minibatches * train.optim.ppo_epochs
+    update = rounds * pieces * _positions(update_plan, shape.minibatch_rows // pieces,
+                                          shape.length)
+    train_work = (prepare / 3 + update * (4 / 3 if s.remat else 1.0)) * train.optim.rollout_reuse
+    return rollout + (2 if shape.critic else 1) * weights * TRAIN_TOKEN * train_work
+
+
+def _positions(plan: PrefixPlan | None, rows: int, length: int) -> int:
+    """Positions one row slice's forward computes: every row whole without a plan; with one,
+    its prefixes (slots x width) once and each row's remaining length - width."""
+    if plan is None:
+        return rows * length
+    return plan.slots * plan.width + rows * (length - plan.width)
+
+
+def options(train: TrainConfig, auto: tuple[str, ...], shape: StepShape) -> list[Settings]:
     """Every setting of the `auto` knobs (the others as in `train`), fastest first
-    (relative_time). A bfloat16 cache is offered with all chunks only (at fewer chunks it
-    saves what float32 at twice the chunks saves, exactly)."""
+    (relative_time), of equal modelled time the one needing less memory first (`estimate`:
+    e.g. micro-batches that keep whole groups together cost no time and save memory). A
+    bfloat16 cache is offered with all chunks only (at fewer chunks it saves what float32 at
+    twice the chunks saves, exactly)."""
     unknown = sorted(set(auto) - set(KNOBS))
     if unknown:
         raise ValueError(f"auto = {unknown} is invalid; valid: knobs from {KNOBS}")
@@ -117,13 +169,15 @@ def options(train: TrainConfig, auto: tuple[str, ...]) -> list[Settings]:
     if "rollout.cache_dtype" in auto:
         caches.append(("bfloat16", chunks[-1]))
     found = [Settings(m, r, dtype, c) for dtype, c in caches for r in remat for m in micro]
-    return sorted(found, key=relative_time)
+    return sorted(found, key=lambda s: (relative_time(shape, train, s), sum(estimate(shape, s))))
 
 
 @dataclasses.dataclass(frozen=True)
 class StepShape:
-    """What the estimate needs of a step: the model, L (buffer tokens per row), the rows
-    rolled out and those of one update mini-batch, the state's bytes, PPO or not."""
+    """What the estimates need of a step: the model, L (buffer tokens per row), the rows
+    rolled out and those of one update mini-batch, the state's bytes, PPO or not, the tokens
+    each row generates at most, and the width of the first prompt a group shares in the
+    update's forwards (None: the rows run whole; train.shared_width)."""
 
     model: ModelConfig
     length: int
@@ -131,12 +185,15 @@ class StepShape:
     minibatch_rows: int
     state_bytes: int
     critic: bool
+    decode_tokens: int
+    prefix_width: int | None
 
     @classmethod
-    def of(cls, train: TrainConfig, model: ModelConfig, length: int,
-           state_bytes: int) -> StepShape:
-        return cls(model, length, train.rollout.batch_size,
-                   train.kept_rows // train.minibatches, state_bytes, train.algo == "ppo")
+    def of(cls, train: TrainConfig, model: ModelConfig, length: int, state_bytes: int,
+           prefix_width: int | None = None) -> StepShape:
+        r = train.rollout
+        return cls(model, length, r.batch_size, train.kept_rows // train.minibatches,
+                   state_bytes, train.algo == "ppo", r.max_turns * r.reply_tokens, prefix_width)
 
 
 def cache_bytes(model: ModelConfig, rows: int, length: int, dtype: str) -> int:

@@ -253,6 +253,16 @@ def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
     }
 
 
+def shared_width(config: TrainConfig, codec: Codec | None,
+                 mesh: jax.sharding.Mesh | None) -> int | None:
+    """The width of the first prompt the update's forwards compute once per group, or None
+    (every row whole): a host rollout (no codec) has no static first-prompt width, and over a
+    mesh the rows run whole (the packed shared-prefix forward is one row: it would not split)."""
+    if config.optim.shared_prefix and codec is not None and mesh is None:
+        return _prompt_widths(codec)[0]
+    return None
+
+
 def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,
                    pad_id: int, mesh: jax.sharding.Mesh | None = None,
                    phase_clock: PhaseClock | None = None) -> TrainFns:
@@ -285,11 +295,8 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     chunk = min(opt.logit_chunk, slots)
     temperature = config.rollout.temperature
     # The plans of the shared-prefix forward over prepare's and update's row slices (None: per
-    # row); a host rollout (no codec) has no static first-prompt width here, and over a mesh
-    # the rows run whole (the packed shared-prefix forward is one row: it would not split).
-    shared = opt.shared_prefix and codec is not None and mesh is None
-    width = _prompt_widths(codec)[0] if shared else None
-    prepare_plan, update_plan = slice_plans(width, config)
+    # row).
+    prepare_plan, update_plan = slice_plans(shared_width(config, codec, mesh), config)
     kept_groups = jnp.arange(config.kept_rows, dtype=jnp.int32) // group  # of each kept row
 
     def logprobs(params, batch, groups, plan, graph=train_def):

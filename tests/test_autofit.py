@@ -16,26 +16,80 @@ from starpo_jax.memory import GIB  # noqa: E402
 from test_api import tiny_config  # noqa: E402
 from test_flops import SMOLLM2  # noqa: E402
 
-# 4 groups x 4 rows, half the groups kept: one mini-batch of 8 rows.
+# 4 groups x 4 rows, half the groups kept: one mini-batch of 8 rows; a first prompt of 512 of
+# the 1024 positions that a group's rows share in the update's forwards.
 TRAIN = TrainConfig(algo="ppo", rollout=RolloutConfig(groups=4, group_size=4),
                     filter=FilterConfig(keep_ratio=0.5))
-SHAPE = StepShape.of(TRAIN, SMOLLM2, length=1024, state_bytes=3 * GIB)
+SHAPE = StepShape.of(TRAIN, SMOLLM2, length=1024, state_bytes=3 * GIB, prefix_width=512)
 
 
 def test_options_are_fastest_first_within_the_given_knobs():
-    every = autofit.options(TRAIN, autofit.KNOBS)
+    every = autofit.options(TRAIN, autofit.KNOBS, SHAPE)
     # micro-batches 1, 2, 4, 8 x remat x (float32 at 1, 2, 4 chunks + bfloat16 at 4 chunks)
     assert len(every) == 4 * 2 * 4 == len(set(every))
-    assert every[0] == Settings(1, False, "float32", 1)
-    times = [autofit.relative_time(s) for s in every]
+    # 2 micro-batches of one group each compute what 1 does (each group's prompt once) in less
+    # memory, so they come first; 4 and 8 (half or a quarter of a group) recompute the prompt.
+    assert every[:2] == [Settings(2, False, "float32", 1), Settings(1, False, "float32", 1)]
+    times = [autofit.relative_time(SHAPE, TRAIN, s) for s in every]
     assert times == sorted(times)
     assert {s.chunks for s in every if s.cache_dtype == "bfloat16"} == {4}
     # A knob that was set keeps its value in every candidate.
     set_some = dataclasses.replace(TRAIN, optim=dataclasses.replace(TRAIN.optim, remat=True))
-    only = autofit.options(set_some, ("optim.micro_batches",))
-    assert only == [Settings(m, True, "float32", 1) for m in (1, 2, 4, 8)]
+    only = autofit.options(set_some, ("optim.micro_batches",), SHAPE)
+    assert only == [Settings(m, True, "float32", 1) for m in (2, 1, 4, 8)]
     with pytest.raises(ValueError, match="auto = \\['optim.lr'\\] is invalid"):
-        autofit.options(TRAIN, ("optim.lr",))
+        autofit.options(TRAIN, ("optim.lr",), SHAPE)
+
+
+def _positions_by_hand(rows: int, group: int, pieces: int, length: int, width: int) -> int:
+    """Positions the update computes over `rows` group-major rows in `pieces` slices: each
+    slice runs the first prompt once per group it holds (at least once), then every row's
+    remaining positions; a slice of one row runs it whole."""
+    per = rows // pieces
+    total = 0
+    for k in range(pieces):
+        groups = {(k * per + i) // group for i in range(per)}
+        total += per * length if per == 1 else len(groups) * width + per * (length - width)
+    return total
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 4, 8])
+def test_the_update_time_counts_a_groups_prompt_once_per_slice(pieces):
+    # GRPO (no critic), one chunk: the update's modelled time is TRAIN_TOKEN per position of
+    # its slices (+ a third of one for the old log-probs' forward), the rollout's is fixed.
+    train = dataclasses.replace(TRAIN, algo="grpo")
+    shape = dataclasses.replace(SHAPE, critic=False)
+    s = Settings(pieces, False, "float32", 1)
+    positions = _positions_by_hand(8, 4, pieces, 1024, 512)
+    update = autofit.relative_time(shape, train, s) - autofit.relative_time(
+        shape, train, Settings(1, False, "float32", 1))
+    base = _positions_by_hand(8, 4, 1, 1024, 512)
+    assert update == pytest.approx(autofit.TRAIN_TOKEN * (4 / 3) * (positions - base))
+    remat = autofit.relative_time(shape, train, Settings(pieces, True, "float32", 1)) \
+        - autofit.relative_time(shape, train, s)
+    assert remat == pytest.approx(autofit.TRAIN_TOKEN * positions / 3)
+
+
+def _decode_ms(rows: int, chunks: int, length: int, width: int) -> float:
+    """The modelled rollout of `rows` rows in `chunks` chunks, per generated row-token."""
+    train = TrainConfig(rollout=RolloutConfig(groups=rows // 8, group_size=8))
+    shape = StepShape.of(train, SMOLLM2, length=length, state_bytes=GIB, prefix_width=width)
+    s = Settings(1, False, "float32", chunks)
+    update = autofit.relative_time(dataclasses.replace(shape, decode_tokens=0), train, s)
+    return (autofit.relative_time(shape, train, s) - update) / (rows * shape.decode_tokens)
+
+
+def test_chunks_the_decode_model_fits_its_measured_points():
+    # The quickstart (32 rows, ~210 filled slots): one chunk of 32 rows decoded ~1.4x faster
+    # than four of 8; the paper shape (128 rows, L = 1758, first prompt 371): one chunk of 128
+    # 1.37x slower per token than eight of 16 (21.7 against 16.0 ms).
+    short = _decode_ms(32, 4, 223, 208) / _decode_ms(32, 1, 223, 208)
+    assert 1.25 < short < 1.6
+    assert _decode_ms(128, 8, 1758, 371) == pytest.approx(16.0, rel=0.1)
+    assert _decode_ms(128, 1, 1758, 371) == pytest.approx(21.7, rel=0.1)
+    # So fewer chunks rank first at short caches, 16-row chunks at long ones.
+    assert min((1, 2, 4, 8), key=lambda c: _decode_ms(128, c, 1758, 371)) == 8
+    assert min((1, 2, 4), key=lambda c: _decode_ms(32, c, 223, 208)) == 1
 
 
 def test_cache_bytes_by_hand():
@@ -60,7 +114,7 @@ def _fake_plans(rollout_scale: float, update_scale: float):
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (1.6, 1.0), (1.0, 0.5), (0.7, 1.8)])
 @pytest.mark.parametrize("free_gib", [5, 7, 8, 12, 40])
 def test_choice_is_the_fastest_that_fits_among_all_candidates(scales, free_gib):
-    candidates = autofit.options(TRAIN, autofit.KNOBS)
+    candidates = autofit.options(TRAIN, autofit.KNOBS, SHAPE)
     plan_of, compiled = _fake_plans(*scales)
     # Reference: every candidate's plan, the first (fastest) within the margin.
     limit = (1 - MARGIN) * free_gib * GIB
@@ -83,7 +137,7 @@ def test_choice_is_the_fastest_that_fits_among_all_candidates(scales, free_gib):
 
 def test_nothing_fits_raises_with_the_most_frugal_plan_and_the_hint():
     plan_of, compiled = _fake_plans(1.0, 1.0)
-    candidates = autofit.options(TRAIN, autofit.KNOBS)
+    candidates = autofit.options(TRAIN, autofit.KNOBS, SHAPE)
     with pytest.raises(MemoryError, match="would not fit with any memory settings tried") as error:
         autofit.choose(candidates, SHAPE, plan_of, GIB, "host RAM", autofit.KNOBS,
                        hint="HINT")
@@ -94,7 +148,7 @@ def test_nothing_fits_raises_with_the_most_frugal_plan_and_the_hint():
 
 def test_choice_line_and_record_say_what_and_why():
     plan_of, _ = _fake_plans(1.0, 1.0)
-    candidates = autofit.options(TRAIN, ("optim.micro_batches",))
+    candidates = autofit.options(TRAIN, ("optim.micro_batches",), SHAPE)
     choice = autofit.choose(candidates, SHAPE, plan_of, 12 * GIB, "host RAM",
                             ("optim.micro_batches",))
     line = choice.line()
