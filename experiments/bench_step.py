@@ -94,12 +94,19 @@ def _setup(model_name: str, env_name: str, p: int, n: int, turns: int, reply: in
     return Setup(model_name, env_name, model, tok, env, codec, config)
 
 
-def _setup_config(name: str, sets: list[str]):
-    """The step of run config file `name` (with `sets` overrides) as experiments/run.py builds
-    it, its unset memory knobs chosen against the free memory (api.check_memory)."""
+def _read_config(name: str, sets: list[str]):
+    """Run config file `name` with `sets` overrides ("KEY=VALUE"), every key and value checked
+    (ValueError or FileNotFoundError naming the bad one)."""
     config = load_config(name)
     if sets:
         config = setting_config(config, parse_overrides(sets, config))
+    api.train_config(config)
+    return config
+
+
+def _setup_config(name: str, config):
+    """The step of run config `config` (read from file `name`) as experiments/run.py builds
+    it, its unset memory knobs chosen against the free memory (api.check_memory)."""
     exp = api.build(config)
     if exp.auto:
         api.check_memory(exp)
@@ -268,7 +275,11 @@ def main() -> None:
         print(" | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
         return
     if args.config:
-        cases = [lambda: _setup_config(args.config, args.set)]
+        try:
+            config = _read_config(args.config, args.set)
+        except (ValueError, FileNotFoundError) as error:
+            parser.error(str(error))
+        cases = [lambda: _setup_config(args.config, config)]
     elif args.quick:
         cases = [lambda: _setup("tiny-random", args.env, 2, 4, 2, 16, args.algo, knobs)]
     else:
