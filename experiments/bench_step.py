@@ -98,10 +98,7 @@ def _read_config(name: str, sets: list[str]):
     """Run config file `name` with `sets` overrides ("KEY=VALUE"), every key and value checked
     (ValueError or FileNotFoundError naming the bad one)."""
     config = load_config(name)
-    if sets:
-        config = setting_config(config, parse_overrides(sets, config))
-    api.train_config(config)
-    return config
+    return setting_config(config, parse_overrides(sets, config))  # checks it, even with no sets
 
 
 def _setup_config(name: str, config):

@@ -7,7 +7,7 @@ vanilla sampler), side by side on one machine: seconds per step and peak memory.
 tunix needs its own environment (its pins differ from this project's), so it runs under
 --tunix-python; without it only this project's rows are printed. The work is the quickstart's
 (experiments/configs/quickstart.py): SmolLM2-135M in float32, 4 Bandit prompts (the rollout's
-own first prompts, chat template and forced "<answer>" prefix included, ~260 tokens) x 8
+own first prompts, chat template and forced "<answer>" prefix included, ~210 tokens) x 8
 sampled replies of at most 12 tokens at temperature 1, one GRPO update of the policy on all 32
 rows (filter.keep_ratio=1.0), Adam, no KL term. tunix gets the same weights (written as a
 Hugging Face directory by starpo_jax.models.export) and the same prompt texts.
@@ -40,8 +40,7 @@ def _child(argv: list[str], log: Path, env: dict | None = None) -> tuple[int, fl
     with open(log, "w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, usage.ru_maxrss / 2**20
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 2**20
 
 
 def _steady(seconds: list[float]) -> float:
