@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
-from starpo_jax.config import LossConfig, RolloutConfig, TrainConfig  # noqa: E402
+from starpo_jax.config import FilterConfig, LossConfig, RolloutConfig, TrainConfig  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 SHORT_TURN = "Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens."
@@ -80,8 +80,8 @@ def test_filter_and_aggregation_options_reach_the_train_config():
                          include_zero=False, max_groups=1)
     config.loss.agg = "seq_mean_token_sum_norm"
     train = api.train_config(config)
-    assert train.filter == api.FilterConfig(strategy="top_p", top_p=0.8, top_p_weights="softmax",
-                                            include_zero=False, max_groups=1)
+    assert train.filter == FilterConfig(strategy="top_p", top_p=0.8, top_p_weights="softmax",
+                                        include_zero=False, max_groups=1)
     assert train.kept_groups == 1 and train.loss.agg == "seq_mean_token_sum_norm"
     assert api.train_config(_with("filter.max_groups", None)).filter.max_groups is None
 

@@ -1,0 +1,301 @@
+"""The experiment config: its schema (default_config), the shipped shortcuts (config_for,
+paper_eval) and its checks, which turn a ConfigDict into the TrainConfig and EvalConfig the
+step and the evaluator run (train_config, eval_config). Every bad key or value is named with
+what would be valid, before anything is loaded or compiled. starpo_jax.api re-exports the
+public names; `api.build` takes such a config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any
+
+from ml_collections import config_dict
+
+import envs_host
+import envs_jax
+from starpo_jax.config import (AdvantageConfig, CollapseConfig, FilterConfig, LoraConfig,
+                               LossConfig, OptimConfig, RolloutConfig, TrainConfig)
+from starpo_jax.evaluation import EvalConfig, default_eval_envs
+from starpo_jax.models.loading import EMBEDDED_NAME, TINY_RANDOM_NAME
+from starpo_jax.monitor import MonitorConfig
+
+ConfigDict = config_dict.ConfigDict
+SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": AdvantageConfig,
+            "loss": LossConfig, "optim": OptimConfig, "collapse": CollapseConfig,
+            "lora": LoraConfig}
+DTYPES = ("float32", "bfloat16")
+# Dataclass fields that may be None: typed so that --config overrides parse.
+_OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str,
+             "max_groups": int, "base_dtype": str, "micro_batches": int, "remat": bool,
+             "cache_dtype": str, "chunks": int}
+# The memory knobs (autofit.KNOBS): None by default = chosen from the compiled memory plan and
+# the free memory (check_memory); a value is used as given.
+AUTO = {"optim": ("micro_batches", "remat"), "rollout": ("cache_dtype", "chunks")}
+# Set by the `nothink` switch, not a key of its own.
+_DERIVED = {"rollout": ("mode",)}
+# rollout keys whose default (None) is the env's own setting (envs_jax.settings(env.name)).
+ENV_SETTINGS = tuple(field.name for field in dataclasses.fields(envs_jax.EnvSettings))
+
+
+def _section(name: str, **overrides: Any) -> ConfigDict:
+    out = ConfigDict()
+    for field in dataclasses.fields(SECTIONS[name]):
+        if field.name in _DERIVED.get(name, ()):
+            continue
+        auto = field.name in AUTO.get(name, ())
+        value = overrides.get(field.name, None if auto else field.default)
+        if field.name in _OPTIONAL:
+            value = config_dict.FieldReference(value, field_type=_OPTIONAL[field.name])
+        out[field.name] = value
+    return out
+
+
+def default_config() -> ConfigDict:
+    """Every key a run accepts. The training sections hold `starpo_jax.config`'s dataclass
+    defaults (the original's StarPO-S settings: 8 groups x 16 rollouts, thinking replies of up
+    to 400 tokens, actor lr 1e-6, critic lr 1e-5, mini-batches of 32 rows, 200 steps); the eval
+    section `evaluation.EvalConfig`'s. CPU-sized runs are config files that say so
+    (experiments/configs/quickstart.py).
+
+    `vanilla=True` turns StarPO-S into vanilla StarPO (KL 0.001, symmetric clip 0.2, no
+    filter; it overrides those three keys). `nothink=True` starts replies with <answer>.
+    rollout.max_turns, max_actions_per_turn, max_actions_per_traj and announced_tokens: None
+    = the env's own (envs_jax.settings(env.name), the original's per-env configs: bandit 1
+    turn and 1 action, grid games 5 turns, 5 actions per turn, 10 per trajectory; all announce
+    100 tokens); a number overrides it. announced_tokens is the "Max response length" the
+    prompt states, reply_tokens the generation budget.
+    prompt.* = None keeps the default (RAGEN's) prompt text; prompt.verify is the number of
+    random renderings the codec checks against the tokenizer when it is built.
+    collapse.*: RAGEN-2's template-collapse metrics every collapse.every steps (0 = off;
+    starpo_jax.collapse); logged only on the steps that compute them.
+    monitor.*: the collapse ("Echo Trap") monitor of experiments/run.py (starpo_jax.monitor).
+    Evaluation (starpo_jax.evaluation) runs every `eval_every` steps and after the last one
+    (0 = never); `sample_every` steps write sample conversations (0 = never). eval.envs: names,
+    comma-separated ("" = the training env and its out-of-distribution variants); eval.modes:
+    "greedy" and/or "sampled" (at eval.temperature, eval.pass_k rollouts per initial state).
+    mesh.tp: the tensor-parallel size when the run sees several devices (starpo_jax.sharding:
+    every device of every process, len(jax.devices()) // tp of them on "fsdp").
+    max_skipped_steps: experiments/run.py saves and stops after this many steps in a row whose
+    updates were dropped for a non-finite loss or gradient (0 = never stops for that).
+    check_memory: the step is compiled before it first runs and sized against the free memory
+    (starpo_jax.memory): optim.micro_batches, optim.remat, rollout.cache_dtype and
+    rollout.chunks left None are chosen then (starpo_jax.autofit: the fastest settings whose
+    plan fits 90% of it), and a step that cannot fit stops, naming the settings that shrink
+    it. check_memory=False: no check, and unset knobs take their fastest values (1, False,
+    "float32", 1).
+    progress_after: seconds into a step after which each phase's end (rollout chunk, rollout,
+    old log-probs, update) prints a progress line (starpo_jax.phases; 0 = never, and no marks
+    are compiled in; single-device CPU runs only: on accelerators the step has no host calls).
+    """
+    c = ConfigDict()
+    c.seed = 0
+    c.steps = 200
+    c.algo = TrainConfig.algo
+    c.vanilla = False
+    c.nothink = False
+    c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32"})
+    c.mesh = ConfigDict({"tp": 1})
+    c.env = ConfigDict({"name": "bandit"})
+    # Host envs (envs_host) only: the env pool's threads (or one process per row) and the
+    # seconds an env call may take before its row is failed (envs_host.pool).
+    c.host = ConfigDict(dataclasses.asdict(envs_host.PoolConfig()))
+    c.prompt = ConfigDict({"system": config_dict.placeholder(str),
+                           "intro": config_dict.placeholder(str),
+                           "turn": config_dict.placeholder(str), "verify": 50})
+    for name in SECTIONS:
+        c[name] = _section(name)
+    for key in ENV_SETTINGS:  # resolved by train_config from the env
+        c.rollout[key] = config_dict.placeholder(int)
+    c.log_every = 1
+    c.eval_every = 10
+    c.sample_every = 10
+    # EvalConfig's defaults; envs and modes as comma-separated text (flags).
+    c.eval = ConfigDict({field.name: field.default for field in dataclasses.fields(EvalConfig)
+                         if field.name not in ("envs", "modes")})
+    c.eval.update(envs="", modes=",".join(EvalConfig.modes))
+    c.checkpoint_every = 10
+    c.keep_checkpoints = 3
+    c.max_skipped_steps = 3
+    c.check_memory = True
+    c.progress_after = 60
+    c.monitor = ConfigDict(dataclasses.asdict(MonitorConfig()))
+    return c
+
+
+def config_for(env: str, algo: str, **rollout: Any) -> ConfigDict:
+    """default_config() for `env` trained with `algo` ("ppo" | "grpo"), rollout keys updated."""
+    c = default_config()
+    c.env.name, c.algo = env, algo
+    c.rollout.update(rollout)
+    return c
+
+
+def paper_eval(config: ConfigDict) -> ConfigDict:
+    """`config` validated as the original validates: 256 held-out initial states, one rollout
+    each, sampled at temperature 0.5 (its val_kwargs), every 10 steps. Returns config."""
+    config.eval.update(episodes=256, modes="sampled", pass_k=1, temperature=0.5)
+    config.eval_every = 10
+    return config
+
+
+def _check_keys(given: Any, known: ConfigDict, prefix: str = "") -> None:
+    for key in given.keys():
+        name = prefix + key
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known.keys()), n=1)
+            hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""
+            where = f" in {prefix[:-1]!r}" if prefix else ""
+            raise ValueError(f"unknown config key {name!r}{hint}; valid keys{where}: "
+                             f"{sorted(known.keys())}")
+        if isinstance(known[key], ConfigDict):
+            if not hasattr(given[key], "keys"):
+                raise ValueError(f"config key {name!r} = {given[key]!r} must be a section with "
+                                 f"keys {sorted(known[key].keys())}")
+            _check_keys(given[key], known[key], name + ".")
+
+
+def _merged(config: Any) -> ConfigDict:
+    """default_config() updated with `config` (ConfigDict or nested dict), keys checked."""
+    _check_keys(config, default_config())
+    values = config.to_dict() if isinstance(config, ConfigDict) else config
+    full = default_config()
+    try:
+        full.update(values)
+    except TypeError as error:  # ConfigDict's own type check, e.g. a str for an int
+        raise ValueError(_wrong_type(values, default_config()) or str(error)) from None
+    return full
+
+
+def _wrong_type(values: Any, section: ConfigDict, prefix: str = "") -> str | None:
+    """The message for the first value in `values` that `section` refuses for its type."""
+    for key, value in values.items():
+        if isinstance(section[key], ConfigDict):
+            found = _wrong_type(value, section[key], f"{prefix}{key}.")
+            if found:
+                return found
+            continue
+        try:
+            section[key] = value
+        except TypeError:
+            kind = section.get_type(key).__name__
+            valid = {"int": "an int", "float": "a number", "bool": "True or False",
+                     "str": "a string"}.get(kind, f"a {kind}")
+            return f"config.{prefix}{key} = {value!r} is invalid; valid: {valid}"
+    return None
+
+
+def _require(name: str, value: Any, ok: bool, valid: str) -> None:
+    if not ok:
+        raise ValueError(f"config.{name} = {value!r} is invalid; valid: {valid}")
+
+
+def _is_int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _model_source_exists(source: Any) -> bool:
+    """A known model name, an existing .gguf file or directory (what load_pretrained reads)."""
+    if not isinstance(source, str) or not source:
+        return False
+    path = Path(source).expanduser()
+    return (source in (EMBEDDED_NAME, TINY_RANDOM_NAME) or path.is_dir()
+            or (source.endswith(".gguf") and path.is_file()))
+
+
+def train_config(config: ConfigDict) -> TrainConfig:
+    """Checks every key and value of an experiment config (nothing is loaded or compiled) and
+    returns the TrainConfig it describes. Raises ValueError naming the key and what is valid."""
+    full = _merged(config)
+    for name, value, low in (("seed", full.seed, 0), ("steps", full.steps, 1),
+                             ("log_every", full.log_every, 1),
+                             ("checkpoint_every", full.checkpoint_every, 0),
+                             ("keep_checkpoints", full.keep_checkpoints, 1),
+                             ("mesh.tp", full.mesh.tp, 1),
+                             ("prompt.verify", full.prompt.verify, 0)):
+        _require(name, value, _is_int(value, low), f"an int >= {low}")
+    for name in ("eval_every", "sample_every", "progress_after", "max_skipped_steps"):
+        _require(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
+    for name in ("vanilla", "nothink", "check_memory"):
+        _require(name, full[name], isinstance(full[name], bool), "True or False")
+    _require("model.source", full.model.source, _model_source_exists(full.model.source),
+             f"{EMBEDDED_NAME!r}, {TINY_RANDOM_NAME!r}, the path of a .gguf file or of a Hugging "
+             "Face model directory")
+    _require("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
+    all_envs = envs_jax.names() + envs_host.names()
+    _require("env.name", full.env.name, full.env.name in all_envs, f"one of {all_envs}")
+    envs_host.PoolConfig(**full.host.to_dict())
+    eval_config(full)
+    MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
+    sections = {name: kind(**_fastest(name, full[name].to_dict()))
+                for name, kind in SECTIONS.items() if name != "rollout"}
+    sections["rollout"] = RolloutConfig(**_rollout_values(full))
+    if full.nothink:
+        sections["rollout"] = dataclasses.replace(sections["rollout"], mode="nothink")
+    result = TrainConfig(algo=full.algo, **sections)
+    return result.vanilla() if full.vanilla else result
+
+
+def _rollout_values(full: ConfigDict) -> dict[str, Any]:
+    """The rollout section of a merged config, every unset env setting (None) taken from the
+    env's (envs_jax.settings(env.name)); env.name must be registered."""
+    values = full.rollout.to_dict()
+    if full.env.name in envs_host.names():  # a host env's class `defaults`, over EnvSettings'
+        given = getattr(envs_host.factory(full.env.name).func, "defaults", {})
+        env_settings = dataclasses.replace(
+            envs_jax.EnvSettings(), **{k: v for k, v in given.items() if k in ENV_SETTINGS})
+    else:
+        env_settings = envs_jax.settings(full.env.name)
+    for key in ENV_SETTINGS:
+        if values[key] is None:
+            values[key] = getattr(env_settings, key)
+    return _fastest("rollout", values)
+
+
+def _fastest(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` of a section with its unset memory knobs (None) at their fastest settings,
+    the dataclass defaults: what runs when nothing is chosen (check_memory=False)."""
+    fields = {f.name: f.default for f in dataclasses.fields(SECTIONS[section])}
+    return {k: fields[k] if v is None and k in AUTO.get(section, ()) else v
+            for k, v in values.items()}
+
+
+def auto_knobs(config: Any) -> tuple[str, ...]:
+    """The memory knobs (autofit.KNOBS) a config leaves unset (None), as "section.key"."""
+    full = _merged(config)
+    return tuple(f"{section}.{key}" for section, keys in AUTO.items() for key in keys
+                 if full[section][key] is None)
+
+
+def config_from_train_config(train: TrainConfig, **top: Any) -> ConfigDict:
+    """An experiment config holding `train`'s values; `top` sets other keys (e.g. steps=5).
+    Nested keys go in as sections: model={"source": "tiny-random"}."""
+    c = default_config()
+    c.algo = train.algo
+    c.nothink = train.rollout.mode == "nothink"
+    for name in SECTIONS:
+        values = dataclasses.asdict(getattr(train, name))
+        c[name].update({k: v for k, v in values.items() if k in c[name]})
+    _check_keys(top, c)
+    c.update(top)
+    return c
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def eval_config(config: Any) -> EvalConfig:
+    """The checked eval section of an experiment config as an EvalConfig."""
+    full = _merged(config)
+    envs = _names(full.eval.envs) or default_eval_envs(full.env.name)
+    # A host env's run evaluates host envs (host_train.HostEvaluator), a JAX env's JAX envs.
+    same_kind = envs_host.names() if full.env.name in envs_host.names() else envs_jax.names()
+    for name in envs:
+        _require("eval.envs", full.eval.envs, name in same_kind,
+                 f"comma-separated names from {same_kind} ('' = the training env and its "
+                 "out-of-distribution variants)")
+    return EvalConfig(envs=envs, modes=_names(full.eval.modes),
+                      **{k: v for k, v in full.eval.items() if k not in ("envs", "modes")})
