@@ -4,6 +4,7 @@
     python experiments/bench_step.py --quick    # tiny-random only, P=2, N=4, 2 turns
     python experiments/bench_step.py --compile-only --micro-batches 4 --remat --cache-dtype bfloat16
     python experiments/bench_step.py --config quickstart.py      # a run config's step, as run.py
+    python experiments/bench_step.py --config quickstart.py --runs 3   # phases of the 3rd run
     python experiments/bench_step.py --config sokoban_ppo.py --set rollout.reply_tokens=100
 
 --config benchmarks the step a run config file (experiments/configs) builds, exactly as
@@ -15,8 +16,11 @@ the line it prints says what it chose); `--set KEY=VALUE` overrides a key (repea
 prints compile wall and CPU seconds, XLA's memory_analysis (temporaries, arguments, outputs:
 temp + arguments is what the step needs resident) and the process's peak RSS.
 
-The step is compiled ahead of time (compile and run are timed apart) and run once. Its phases
-are read from that one run: the step sends a mark to the host as each phase ends
+The step is compiled ahead of time (compile and run are timed apart) and run once, or `--runs
+N` times in a row (each run the next step of the same state), the phases read from the last:
+a compiled step's first run also sets up its kernels and touches its buffers for the first
+time (the quickstart's first run takes ~3 s longer than its later ones). The step sends a
+mark to the host as each phase ends
 (`make_train_step(..., phase_clock=...)`, starpo_jax/phases.py), and a progress line goes to
 stderr at each mark (rollout chunks, rollout, old log-probs, update). "rollout" is the
 multi-turn rollout; "old_logprobs" the uncertainty filter, then one teacher-forced forward of
@@ -181,11 +185,12 @@ def _counting_step(fns, config: TrainConfig):
     return jax.jit(step, donate_argnums=0)
 
 
-def bench(setup: Setup, peak: float) -> dict:
-    """The whole step of `setup` (_setup or _setup_config), compiled ahead of time and run once;
-    its phases are read from marks the program sends to the host as each phase ends (one run:
-    a paper-shape SmolLM2 step takes tens of minutes on a 2-core CPU, so the phases are not run
-    again on their own). peak: the machine's matmul FLOP/s, the MFU's denominator."""
+def bench(setup: Setup, peak: float, runs: int = 1) -> dict:
+    """The whole step of `setup` (_setup or _setup_config), compiled ahead of time and run
+    `runs` times (each the next step of the same state); the last run's phases are read from
+    marks the program sends to the host as each phase ends (a paper-shape SmolLM2 step takes
+    tens of minutes on a 2-core CPU, so the phases are not run again on their own). peak: the
+    machine's matmul FLOP/s, the MFU's denominator."""
     name, env_name, model, tok, env, codec, config = setup
     r = config.rollout
     clock = PhaseTimes(r.chunks)
@@ -200,9 +205,10 @@ def bench(setup: Setup, peak: float) -> dict:
     compile_time = time.perf_counter() - start
     print(f"  [{time.strftime('%H:%M:%S')}] {name}: step compiled in {compile_time:.1f} s",
           file=sys.stderr, flush=True)
-    clock.start()
-    state, metrics, counts = jax.block_until_ready(compiled(state, jax.random.PRNGKey(0)))
-    step_time = time.perf_counter() - clock.t0
+    for _ in range(runs):
+        clock.start()
+        state, metrics, counts = jax.block_until_ready(compiled(state, jax.random.PRNGKey(0)))
+        step_time = time.perf_counter() - clock.t0
     metrics, (lengths, prefix, kept, kept_prefix, really) = jax.device_get((metrics, counts))
     rollout_end, old_end = clock.at("rollout"), clock.at("old_logprobs")
     rows = r.groups * r.group_size
@@ -260,7 +266,11 @@ def main() -> None:
                         "its unset memory knobs chosen as run.py chooses them")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="with --config: override a config key (repeatable)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="run the compiled step this many times, report the last run")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs must be >= 1; got {args.runs}")
     if args.set and not args.config:
         parser.error("--set goes with --config")
     knobs = dict(micro_batches=args.micro_batches, remat=args.remat, cache_dtype=args.cache_dtype,
@@ -289,7 +299,7 @@ def main() -> None:
     print(" | ".join(cols))
     rows = []
     for setup in cases:
-        rows.append(bench(setup(), peak))
+        rows.append(bench(setup(), peak, args.runs))
         print(" | ".join(f"{rows[-1][c]:.2f}" if isinstance(rows[-1][c], float)
                          else str(rows[-1][c]) for c in cols), flush=True)
     for row in rows:
