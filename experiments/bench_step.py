@@ -191,6 +191,8 @@ def bench(setup: Setup, peak: float, runs: int = 1) -> dict:
     marks the program sends to the host as each phase ends (a paper-shape SmolLM2 step takes
     tens of minutes on a 2-core CPU, so the phases are not run again on their own). peak: the
     machine's matmul FLOP/s, the MFU's denominator."""
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1; got {runs!r}")
     name, env_name, model, tok, env, codec, config = setup
     r = config.rollout
     clock = PhaseTimes(r.chunks)
