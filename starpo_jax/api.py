@@ -34,9 +34,9 @@ from starpo_jax.models.lora import adapted
 from starpo_jax.phases import StepProgress
 from starpo_jax.rollout import buffer_length
 from starpo_jax.run_config import (AUTO, DTYPES, ENV_SETTINGS, SECTIONS,  # noqa: F401 (API)
-                                   ConfigDict, _merged, _require, auto_knobs, config_for,
-                                   config_from_train_config, default_config, eval_config,
-                                   paper_eval, train_config)
+                                   ConfigDict, auto_knobs, config_for, config_from_train_config,
+                                   default_config, eval_config, merged_config, paper_eval,
+                                   require_valid, train_config)
 from starpo_jax.sharding import make_mesh, shard_state
 from starpo_jax.text import build_codec
 from starpo_jax.train import TrainState, init_train_state, make_train_step, shared_width
@@ -142,7 +142,7 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     elif top:
         raise TypeError(f"keyword arguments {sorted(top)} only go with a TrainConfig")
     train = train_config(config)
-    full = _merged(config)
+    full = merged_config(config)
     if full.env.name in envs_host.names():
         from starpo_jax import host_train
         return host_train.build(full, train)
@@ -155,7 +155,7 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     model = adapted(model, train.lora, jax.random.fold_in(init_key, 1))
     mesh = None
     if jax.process_count() > 1 or jax.device_count() > 1:
-        _require("mesh.tp", full.mesh.tp, jax.device_count() % full.mesh.tp == 0,
+        require_valid("mesh.tp", full.mesh.tp, jax.device_count() % full.mesh.tp == 0,
                  f"a divisor of the {jax.device_count()} devices")
         mesh = make_mesh(full.mesh.tp)
         # Every process holds the same key; placed replicated on the global mesh so that the

@@ -157,7 +157,7 @@ def _check_keys(given: Any, known: ConfigDict, prefix: str = "") -> None:
             _check_keys(given[key], known[key], name + ".")
 
 
-def _merged(config: Any) -> ConfigDict:
+def merged_config(config: Any) -> ConfigDict:
     """default_config() updated with `config` (ConfigDict or nested dict), keys checked."""
     _check_keys(config, default_config())
     values = config.to_dict() if isinstance(config, ConfigDict) else config
@@ -187,7 +187,8 @@ def _wrong_type(values: Any, section: ConfigDict, prefix: str = "") -> str | Non
     return None
 
 
-def _require(name: str, value: Any, ok: bool, valid: str) -> None:
+def require_valid(name: str, value: Any, ok: bool, valid: str) -> None:
+    """Raises ValueError naming config.`name`, its value and what is `valid`, unless `ok`."""
     if not ok:
         raise ValueError(f"config.{name} = {value!r} is invalid; valid: {valid}")
 
@@ -208,24 +209,24 @@ def _model_source_exists(source: Any) -> bool:
 def train_config(config: ConfigDict) -> TrainConfig:
     """Checks every key and value of an experiment config (nothing is loaded or compiled) and
     returns the TrainConfig it describes. Raises ValueError naming the key and what is valid."""
-    full = _merged(config)
+    full = merged_config(config)
     for name, value, low in (("seed", full.seed, 0), ("steps", full.steps, 1),
                              ("log_every", full.log_every, 1),
                              ("checkpoint_every", full.checkpoint_every, 0),
                              ("keep_checkpoints", full.keep_checkpoints, 1),
                              ("mesh.tp", full.mesh.tp, 1),
                              ("prompt.verify", full.prompt.verify, 0)):
-        _require(name, value, _is_int(value, low), f"an int >= {low}")
+        require_valid(name, value, _is_int(value, low), f"an int >= {low}")
     for name in ("eval_every", "sample_every", "progress_after", "max_skipped_steps"):
-        _require(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
+        require_valid(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
     for name in ("vanilla", "nothink", "check_memory"):
-        _require(name, full[name], isinstance(full[name], bool), "True or False")
-    _require("model.source", full.model.source, _model_source_exists(full.model.source),
+        require_valid(name, full[name], isinstance(full[name], bool), "True or False")
+    require_valid("model.source", full.model.source, _model_source_exists(full.model.source),
              f"{EMBEDDED_NAME!r}, {TINY_RANDOM_NAME!r}, the path of a .gguf file or of a Hugging "
              "Face model directory")
-    _require("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
+    require_valid("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
     all_envs = envs_jax.names() + envs_host.names()
-    _require("env.name", full.env.name, full.env.name in all_envs, f"one of {all_envs}")
+    require_valid("env.name", full.env.name, full.env.name in all_envs, f"one of {all_envs}")
     envs_host.PoolConfig(**full.host.to_dict())
     eval_config(full)
     MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
@@ -264,7 +265,7 @@ def _fastest(section: str, values: dict[str, Any]) -> dict[str, Any]:
 
 def auto_knobs(config: Any) -> tuple[str, ...]:
     """The memory knobs (autofit.KNOBS) a config leaves unset (None), as "section.key"."""
-    full = _merged(config)
+    full = merged_config(config)
     return tuple(f"{section}.{key}" for section, keys in AUTO.items() for key in keys
                  if full[section][key] is None)
 
@@ -289,12 +290,12 @@ def _names(text: str) -> tuple[str, ...]:
 
 def eval_config(config: Any) -> EvalConfig:
     """The checked eval section of an experiment config as an EvalConfig."""
-    full = _merged(config)
+    full = merged_config(config)
     envs = _names(full.eval.envs) or default_eval_envs(full.env.name)
     # A host env's run evaluates host envs (host_train.HostEvaluator), a JAX env's JAX envs.
     same_kind = envs_host.names() if full.env.name in envs_host.names() else envs_jax.names()
     for name in envs:
-        _require("eval.envs", full.eval.envs, name in same_kind,
+        require_valid("eval.envs", full.eval.envs, name in same_kind,
                  f"comma-separated names from {same_kind} ('' = the training env and its "
                  "out-of-distribution variants)")
     return EvalConfig(envs=envs, modes=_names(full.eval.modes),

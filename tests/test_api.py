@@ -190,7 +190,7 @@ def test_codec_announces_the_env_setting_not_the_budget():
     c.prompt.verify = 1
     train = api.train_config(c)
     env = api.envs_jax.make("frozen_lake")
-    codec = api._codec(api._merged(c), train, smollm2_tokenizer(), env)
+    codec = api._codec(api.merged_config(c), train, smollm2_tokenizer(), env)
     assert "Max response length: {max_tokens} words" in codec.template.turn
     ids, n = codec.first_prompt(env.render_symbols(env.reset(jax.random.PRNGKey(0))[0]), 8)
     text = smollm2_tokenizer().decode(np.asarray(ids)[: int(n)].tolist())
