@@ -18,6 +18,7 @@ from starpo_jax.advantages import advantage_estimator_names
 from starpo_jax.filtering import FILTER_MODES, FILTER_STRATEGIES, TOP_P_WEIGHTS, kept_bound
 from starpo_jax.losses import AGG_MODES
 from starpo_jax.models.config import LORA_TARGETS  # "all-linear": all of them, as the original
+from starpo_jax.models.sampler_weights import SAMPLER_DTYPES
 
 ALGOS = ("ppo", "grpo")
 MODES = ("think", "nothink")
@@ -92,6 +93,11 @@ class RolloutConfig:
     shared_env_randomness: bool = False
     # Storage of the KV cache ("bfloat16" halves it; attention still runs in float32).
     cache_dtype: str = "float32"
+    # The weights the rollout samples with (models/sampler_weights.py): "model" the policy's own
+    # (a LoRA policy's adapters merged in), "bfloat16" those cast to bfloat16 and computed in
+    # bfloat16 with a bfloat16 cache (faster; the sampler / trainer mismatch it adds shows in
+    # rollout/logprob_diff_*).
+    sampler_dtype: str = "model"
     # The train step rolls the groups out in this many sequential chunks (each with its own
     # key): the KV cache and the sampler's buffers exist for groups / chunks groups at a time.
     chunks: int = 1
@@ -107,6 +113,7 @@ class RolloutConfig:
         _int(o, "top_k", self.top_k, low=0)
         _number(o, "format_penalty", self.format_penalty, -100.0, 0.0)
         _choice(o, "cache_dtype", self.cache_dtype, CACHE_DTYPES)
+        _choice(o, "sampler_dtype", self.sampler_dtype, SAMPLER_DTYPES)
         _int(o, "chunks", self.chunks)
         _bool(o, "shared_env_randomness", self.shared_env_randomness)
         if self.groups % self.chunks:

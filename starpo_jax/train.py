@@ -53,6 +53,7 @@ from starpo_jax.losses import aggregate, aggregate_normaliser, kl_penalty, polic
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.lora import (adapted, base_config, fresh_trainable, joined,
                                     policy_structure, split_trainable, trainable_split)
+from starpo_jax.models.sampler_weights import sampler_graphdef, sampler_params
 from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.rollout import Rollout, _prompt_widths, chunked_rollout
 from starpo_jax.shared_prefix import (group_sorted, shared_logprobs, shared_values,
@@ -279,7 +280,11 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     ppo = config.algo == "ppo"
     lora = config.lora.rank > 0
     model = policy_structure(model, config.lora)
-    actor_def = nnx.graphdef(model)  # the rollout's (its cached forward never rematerialises)
+    actor_def = nnx.graphdef(model)  # the cached forward never rematerialises
+    # The rollout samples with the policy as one plain model (adapters merged), in
+    # rollout.sampler_dtype (models/sampler_weights.py).
+    sampler_dtype = config.rollout.sampler_dtype
+    sampler_def = sampler_graphdef(model, sampler_dtype)
     train_def = _graphdef(model, value_head=False, remat=opt.remat)
     critic_def = _graphdef(model, value_head=True, remat=opt.remat) if ppo else None
     if lora and cfg.loss.kl_coef > 0:  # the reference: the base, the adapters switched off
@@ -391,7 +396,8 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         return state, aux
 
     def rollout(state: TrainState, key: jax.Array) -> Rollout:
-        out = chunked_rollout(actor_def, gather(state.actor), env, codec, config.rollout, key,
+        params = sampler_params(gather(state.actor), model.config, sampler_dtype)
+        out = chunked_rollout(sampler_def, params, env, codec, config.rollout, key,
                               eos_id=eos_id, pad_id=pad_id, clock=phase_clock, mesh=mesh)
         return mark(phase_clock, "rollout", constrain(out))
 
