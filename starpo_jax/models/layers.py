@@ -204,7 +204,11 @@ def _read_layer(cache: jax.Array, i: jax.Array) -> jax.Array:
 
 
 def _values(stored: jax.Array) -> jax.Array:
-    """Cache contents as values: a uint16 cache holds bfloat16 bit patterns (cache.py)."""
+    """Stored values: a uint16 cache or stacked weight holds bfloat16 bit patterns. XLA's CPU
+    backend converts a bfloat16 array that is dynamically sliced or scattered into as a WHOLE
+    to float32 (a layer's weights sliced out of the stack, a cache written at a slot), so the
+    bfloat16 cache (cache.py) and the bfloat16 sampler's layer weights (sampler_weights.py) are
+    stored as bit patterns and read through this bitcast after the slice."""
     if stored.dtype == jnp.uint16:
         return jax.lax.bitcast_convert_type(stored, jnp.bfloat16)
     return stored
@@ -366,6 +370,7 @@ class LayerStack(nnx.Module):
         if kv is None:
 
             def body(h, w):
+                w = {name: _values(x) for name, x in w.items()}
                 q, k, v = attention_inputs(h, w)
                 heads_first = (0, 2, 1, 3)  # [B, KVH, T, hd], the layout attention reads
                 if attend is not None:
@@ -389,6 +394,7 @@ class LayerStack(nnx.Module):
         def cached_body(carry, xs):
             h, cache_k, cache_v = carry
             w, i = xs
+            w = {name: _values(x) for name, x in w.items()}
             q, k, v = attention_inputs(h, w)
             cache_k = _write_slots(cache_k, i, rows, slots, k)
             cache_v = _write_slots(cache_v, i, rows, slots, v)
