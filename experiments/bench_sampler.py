@@ -10,6 +10,10 @@ also given as a fraction of the machine's f32 matmul peak measured in the same r
     # the rollout's decode regime (bench_step.py's chunk of 16 rows; the cache has L slots):
     python experiments/bench_sampler.py --generate-only --batches 16 --cache-slots 1732 \
         --cache-dtype bfloat16 --decode-fills 0.25 0.5 1.0
+    # decode steps with the policy's float32 weights and the bfloat16 sampler, side by side
+    # (rollout.sampler_dtype; the bfloat16 sampler's cache is bfloat16):
+    python experiments/bench_sampler.py --generate-only --skip-torch --batches 32 16 \
+        --cache-slots 1758 --decode-fills 0.125 0.5 --sampler-dtypes model bfloat16
 
 Every timed phase is run once untimed first (compilation, and first touch of fresh memory,
 which is slow on these VMs); the JAX sampler then reuses its KV cache by donation.
@@ -36,6 +40,8 @@ from flax import nnx
 from starpo_jax.models import KVCache, load_pretrained
 from starpo_jax.models.embedded import embedded_gguf_path
 from starpo_jax.models.hf_reference import transformers_from_gguf
+from starpo_jax.models.sampler_weights import (SAMPLER_DTYPES, sampler_graphdef,
+                                               sampler_params)
 from starpo_jax.sampling import SamplingOptions, _generate_jit
 
 
@@ -199,13 +205,21 @@ def main() -> None:
     parser.add_argument("--train-only", action="store_true", help="only the fwd+bwd rows")
     parser.add_argument("--generate-only", action="store_true", help="only the generate rows")
     parser.add_argument("--decode-fills", type=float, nargs="+", default=(),
-                        help="also time one decode step of the first batch with the cache "
+                        help="also time one decode step of each batch with the cache "
                         "(--cache-slots) this full, e.g. 0.25 0.5 1.0")
     parser.add_argument("--cache-slots", type=int, default=None,
                         help="KV cache slots of the JAX sampler (default: prompt + new tokens)")
     parser.add_argument("--cache-dtype", choices=("float32", "bfloat16"), default=None,
                         help="KV cache storage of the JAX sampler (default: float32)")
+    parser.add_argument("--sampler-dtypes", choices=SAMPLER_DTYPES, nargs="+",
+                        default=("model",),
+                        help="the JAX sampler's weights (rollout.sampler_dtype): the decode-fill "
+                        "rows are timed for each, every batch, side by side; the generate rows "
+                        "use the first")
     args = parser.parse_args()
+    if "bfloat16" in args.sampler_dtypes and args.cache_dtype == "float32":
+        parser.error("--cache-dtype float32 with --sampler-dtypes bfloat16: a bfloat16 "
+                     "sampler's cache is bfloat16; leave --cache-dtype unset")
     quick = args.quick
     batches = args.batches or ([1, 4] if quick else [1, 8, 32, 128])
     prompt_len, new_tokens = (32, 16) if quick else (150, 64)
@@ -234,8 +248,12 @@ def main() -> None:
     peak_jax, peak_torch = matmul_peak(512 if quick else 2048, 3)
     peak = max(peak_jax, peak_torch)
 
-    model, tokenizer = load_pretrained("smollm2-135m-instruct")
-    n_params = model.config.num_params
+    policy, tokenizer = load_pretrained("smollm2-135m-instruct")
+    samplers = {d: nnx.merge(sampler_graphdef(policy, d),
+                             sampler_params(nnx.state(policy), policy.config, d))
+                for d in args.sampler_dtypes}
+    model = samplers[args.sampler_dtypes[0]]
+    n_params = policy.config.num_params
     vocab = model.config.vocab_size
     hf_model = None
     if not args.skip_torch:
@@ -276,17 +294,19 @@ def main() -> None:
         if b == batches[min(2, len(batches) - 1)]:
             rows.append((f"compile prefill+decode B={b}, s", compile_s, None, "s", 0.0))
 
-    for fill in args.decode_fills:
-        slots, b = args.cache_slots or prompt_len + new_tokens, batches[0]
-        (t_step,) = best_times([jax_decode_step(model, b, slots, args.cache_dtype, fill)], reps)
-        name = (f"decode step B={b}, cache {slots} slots {args.cache_dtype or 'float32'} "
-                f"{round(100 * fill)}% full, ms")
-        rows.append((name, 1e3 * t_step / 4, None, "ms", 0.0))
-        progress(f"{name}: {1e3 * t_step / 4:.1f}")
+    slots = args.cache_slots or prompt_len + new_tokens
+    for b, fill in [(b, f) for b in batches for f in args.decode_fills]:
+        steps = [jax_decode_step(m, b, slots, args.cache_dtype, fill) for m in samplers.values()]
+        for dtype, m, t_step in zip(samplers, samplers.values(), best_times(steps, reps)):
+            stored = args.cache_dtype or m.config.dtype
+            name = (f"decode step B={b}, cache {slots} slots {stored} {round(100 * fill)}% "
+                    f"full, sampler {dtype}, ms")
+            rows.append((name, 1e3 * t_step / 4, None, "ms", 0.0))
+            progress(f"{name}: {1e3 * t_step / 4:.1f}")
 
     if not args.generate_only:
         batch = rng.integers(100, vocab, (train_shape[0], train_shape[1] + 1)).astype(np.int32)
-        compile_s, run_jax = jax_train_step(model, batch)
+        compile_s, run_jax = jax_train_step(policy, batch)  # the trainer's weights
         run_torch = torch_train_step(hf_model.train(), batch) if hf_model is not None else None
         t_jax, t_torch = best_times([run_jax, run_torch], reps)
         tokens = train_shape[0] * train_shape[1]

@@ -155,7 +155,8 @@ def options(train: TrainConfig, auto: tuple[str, ...], shape: StepShape) -> list
     (relative_time), of equal modelled time the one needing less memory first (`estimate`:
     e.g. micro-batches that keep whole groups together cost no time and save memory). A
     bfloat16 cache is offered with all chunks only (at fewer chunks it saves what float32 at
-    twice the chunks saves, exactly)."""
+    twice the chunks saves, exactly); with a bfloat16 sampler the cache is bfloat16 whatever
+    cache_dtype says, so only that is offered."""
     unknown = sorted(set(auto) - set(KNOBS))
     if unknown:
         raise ValueError(f"auto = {unknown} is invalid; valid: knobs from {KNOBS}")
@@ -166,7 +167,9 @@ def options(train: TrainConfig, auto: tuple[str, ...], shape: StepShape) -> list
     chunks = _divisors(train.rollout.groups) if "rollout.chunks" in auto else [now.chunks]
     caches = [("float32", c) for c in chunks] if "rollout.cache_dtype" in auto else \
         [(now.cache_dtype, c) for c in chunks]
-    if "rollout.cache_dtype" in auto:
+    if train.rollout.sampler_dtype == "bfloat16" and "rollout.cache_dtype" in auto:
+        caches = [("bfloat16", c) for c in chunks]  # a bfloat16 sampler's cache is (rollout.py)
+    elif "rollout.cache_dtype" in auto:
         caches.append(("bfloat16", chunks[-1]))
     found = [Settings(m, r, dtype, c) for dtype, c in caches for r in remat for m in micro]
     return sorted(found, key=lambda s: (relative_time(shape, train, s), sum(estimate(shape, s))))

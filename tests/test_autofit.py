@@ -39,6 +39,12 @@ def test_options_are_fastest_first_within_the_given_knobs():
     assert only == [Settings(m, True, "float32", 1) for m in (2, 1, 4, 8)]
     with pytest.raises(ValueError, match="auto = \\['optim.lr'\\] is invalid"):
         autofit.options(TRAIN, ("optim.lr",), SHAPE)
+    # A bfloat16 sampler's cache is bfloat16 whatever cache_dtype says: only that is offered.
+    half = dataclasses.replace(
+        TRAIN, rollout=dataclasses.replace(TRAIN.rollout, sampler_dtype="bfloat16"))
+    sampled = autofit.options(half, autofit.KNOBS, SHAPE)
+    assert len(sampled) == 4 * 2 * 3 and {s.cache_dtype for s in sampled} == {"bfloat16"}
+    assert {s.chunks for s in sampled} == {1, 2, 4}
 
 
 def _positions_by_hand(rows: int, group: int, pieces: int, length: int, width: int) -> int:
