@@ -12,8 +12,8 @@ also given as a fraction of the machine's f32 matmul peak measured in the same r
         --cache-dtype bfloat16 --decode-fills 0.25 0.5 1.0
     # decode steps with the policy's float32 weights and the bfloat16 sampler, side by side
     # (rollout.sampler_dtype; the bfloat16 sampler's cache is bfloat16):
-    python experiments/bench_sampler.py --generate-only --skip-torch --batches 32 16 \
-        --cache-slots 1758 --decode-fills 0.125 0.5 --sampler-dtypes model bfloat16
+    python experiments/bench_sampler.py --generate-only --skip-torch --batches 16 32 64 \
+        --cache-slots 1758 --decode-fills 0.5 --sampler-dtypes model bfloat16
 
 Every timed phase is run once untimed first (compilation, and first touch of fresh memory,
 which is slow on these VMs); the JAX sampler then reuses its KV cache by donation.
