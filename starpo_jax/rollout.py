@@ -34,7 +34,6 @@ from starpo_jax.config import RolloutConfig
 from starpo_jax.failures import LoopHistory, classify
 from starpo_jax.forward import merge_rows
 from starpo_jax.models.cache import KVCache
-from starpo_jax.models.config import ModelConfig
 from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.sampling import SamplingOptions, generate_pure
 from starpo_jax.sharding import constrain_batch
@@ -221,7 +220,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     symbols = jax.vmap(env.render_symbols)(states)
     first_ids, first_n = codec.first_prompt(symbols, jnp.full((p,), config.max_actions_per_traj))
     group_cache = _prefill(model, *_shard_rows((first_ids, first_n, KVCache.init(
-        model.config, p, length, cache_dtype(model.config, config))), mesh))
+        model.config, p, length, config.cache_dtype)), mesh))
     cache = _repeat_cache(group_cache, n)
     first_ids, first_n = jnp.repeat(first_ids, n, axis=0), jnp.repeat(first_n, n, axis=0)
     states = group_states(states, n, shared_randomness=config.shared_env_randomness)
@@ -296,13 +295,6 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                    think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],
                    success=success, num_actions=taken, effective_actions=effective,
                    dead_end=jax.vmap(env.dead_end)(states) & ~success, looped=history.looped)
-
-
-def cache_dtype(model: ModelConfig, config: RolloutConfig) -> str:
-    """The KV cache's storage: config.cache_dtype, or bfloat16 whatever it says when the model
-    computes in bfloat16 (its keys and values have no more bits to keep, and a float32 cache
-    would be narrowed for every attention product)."""
-    return "bfloat16" if model.compute_dtype == jnp.bfloat16 else config.cache_dtype
 
 
 def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,

@@ -17,11 +17,11 @@ from flax import nnx  # noqa: E402
 
 from starpo_jax.config import LoraConfig, RolloutConfig  # noqa: E402
 from starpo_jax.forward import sequence_logprobs  # noqa: E402
+from starpo_jax.models.cache import KVCache  # noqa: E402
 from starpo_jax.models.config import LORA_TARGETS  # noqa: E402
-from starpo_jax.models.lora import with_lora  # noqa: E402
+from starpo_jax.models.lora import policy_structure, with_lora  # noqa: E402
 from starpo_jax.models.sampler_weights import (sampler_config, sampler_graphdef,  # noqa: E402
                                                sampler_params)
-from starpo_jax.rollout import cache_dtype  # noqa: E402
 from starpo_jax.train import init_train_state, make_train_fns  # noqa: E402
 from test_decoder import TINY, _numpy_forward, _random_model  # noqa: E402
 from test_faithful import _config  # noqa: E402
@@ -95,9 +95,9 @@ def test_bfloat16_sampler_computes_in_bfloat16(lora):
 
 
 def test_a_bfloat16_sampler_keeps_a_bfloat16_cache():
-    config = RolloutConfig(cache_dtype="float32")
-    assert cache_dtype(TINY, config) == "float32"
-    assert cache_dtype(sampler_config(TINY, "bfloat16"), config) == "bfloat16"
+    assert KVCache.init(TINY, 2, 8, "float32").k.dtype == jnp.float32
+    half = KVCache.init(sampler_config(TINY, "bfloat16"), 2, 8, "float32")
+    assert half.k.dtype == jnp.uint16  # bfloat16 bit patterns (cache.py)
 
 
 def test_a_bad_sampler_dtype_is_named():
@@ -108,7 +108,8 @@ def test_a_bad_sampler_dtype_is_named():
 
 
 def _rollout_against_trainer(config, perturb_adapters=False):
-    """(behaviour log-probs, the trainer's log-probs of the same tokens, mask, the rollout)."""
+    """(behaviour log-probs, the trainer's log-probs) of the rollout's sampled tokens; checks
+    that the same key gives the same rollout."""
     model, tok, env, codec = tiny_bandit_setup()
     fns = make_train_fns(config, env, codec, model=model, eos_id=tok.eos_token_id,
                          pad_id=tok.pad_token_id)
@@ -123,7 +124,6 @@ def _rollout_against_trainer(config, perturb_adapters=False):
     out = rollout(state, jax.random.PRNGKey(3))
     again = rollout(state, jax.random.PRNGKey(3))
     np.testing.assert_array_equal(out.tokens, again.tokens)  # same key, same rollout
-    from starpo_jax.models.lora import policy_structure
     graph = nnx.graphdef(policy_structure(model, config.lora))
     logp, _ = jax.jit(lambda p: sequence_logprobs(
         nnx.merge(graph, p), out.tokens, out.lengths, out.loss_mask, REPLY_TOKENS, REPLY_TOKENS,

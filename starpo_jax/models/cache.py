@@ -41,12 +41,17 @@ class KVCache:
         dtype: jnp.dtype | str | None = None,
     ) -> KVCache:
         """An empty cache of `max_len` slots per row, in `dtype` (default: the compute dtype;
-        bfloat16 is stored as uint16 bit patterns, see the module docstring)."""
+        bfloat16 is stored as uint16 bit patterns, see the module docstring). A model that
+        computes in bfloat16 gets a bfloat16 cache whatever `dtype` says: its keys and values
+        have no more bits to keep, and a wider cache would be narrowed for every attention
+        product."""
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"KVCache.init: {name} must be a positive int; got {value!r}")
         shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
         dtype = jnp.dtype(dtype or config.dtype)
+        if config.compute_dtype == jnp.bfloat16:
+            dtype = jnp.dtype(jnp.bfloat16)
         if dtype == jnp.bfloat16:
             dtype = jnp.dtype(jnp.uint16)  # bfloat16 0.0 is the bit pattern 0
         return cls(

@@ -9,12 +9,12 @@ costs. A LoRA policy samples with its adapters merged in (W + A B * alpha / rank
 `lora.merged_params`): the same function as the adapted model within float rounding, without
 the adapters' extra matmuls in every decode step. "bfloat16" casts every floating weight to
 bfloat16 and computes the sampler's matmuls in bfloat16 (float32 accumulation; norms, softmax
-and the logits stay float32) with a bfloat16 KV cache: half the bytes read per token, and this
+and the logits stay float32) with a bfloat16 KV cache (KVCache.init): half the bytes read per token, and this
 CPU's bfloat16 matmuls run up to ~1.9x the float32 rate. The stacked layer weights are stored
 as their uint16 bit patterns, as the bfloat16 cache is (layers._values). It is opt-in
-(rollout.sampler_dtype): the behaviour log-probs then come from a slightly different model than the trainer's, which
-`rollout/logprob_diff_*` measures and the PPO ratio (computed from the trainer's own old
-log-probs) does not see. "model" samples with the policy's own weights and compute dtype.
+(rollout.sampler_dtype): the behaviour log-probs then come from a slightly different model
+than the trainer's, which `rollout/logprob_diff_*` measures and the PPO ratio (computed from
+the trainer's own old log-probs) does not see. "model" samples with the policy's own weights and compute dtype.
 """
 
 from __future__ import annotations
