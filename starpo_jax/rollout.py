@@ -22,7 +22,7 @@ Inactive rows still run through the sampler (shapes are static) but nothing of t
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -35,7 +35,7 @@ from starpo_jax.failures import LoopHistory, classify
 from starpo_jax.forward import merge_rows
 from starpo_jax.models.cache import KVCache
 from starpo_jax.phases import PhaseClock, mark
-from starpo_jax.sampling import SamplingOptions, generate_pure
+from starpo_jax.sampling import GenerateOutput, SamplingOptions, generate_pure
 from starpo_jax.sharding import constrain_batch
 from starpo_jax.text.codec import Codec
 from starpo_jax.text.parse import stop_strings
@@ -110,8 +110,12 @@ def _write(buffer: jax.Array, start: jax.Array, values: jax.Array, count: jax.Ar
     return buffer.at[jnp.arange(b)[:, None], cols].set(values.astype(buffer.dtype), mode="drop")
 
 
-def _prefill(model: Any, ids: jax.Array, counts: jax.Array, cache: KVCache) -> KVCache:
-    """Appends ids[b, :counts[b]] to each row's cache (counts may be 0)."""
+def _prefill(model: Any, ids: jax.Array, counts: jax.Array, cache: KVCache | None,
+             ) -> KVCache | None:
+    """Appends ids[b, :counts[b]] to each row's cache (counts may be 0); no cache, no model (a
+    demonstration): nothing to do."""
+    if cache is None:
+        return None
     mask = jnp.arange(ids.shape[1]) < counts[:, None]
     _, cache = model.hidden_states(jnp.maximum(ids, 0), attention_mask=mask, cache=cache)
     return cache
@@ -135,6 +139,26 @@ def group_states(states: Any, n: int, *, shared_randomness: bool = False) -> Any
         return rows
     index = jnp.tile(jnp.arange(n), states.key.shape[0])
     return rows.replace(key=jax.vmap(jax.random.fold_in)(rows.key, index))
+
+
+#: A demonstration's replies: (env states [B], turn [] int32, key) -> (tokens [B, W] int32,
+#: lengths [B] int32), the tokens after the forced prefix, W <= rollout.reply_tokens.
+ReplySource = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def _supplied(replies: ReplySource, states: Any, turn: jax.Array, key: jax.Array, width: int,
+              pad_id: int) -> GenerateOutput:
+    """A turn's supplied replies in the sampler's output shape ([B, width], no log-probs)."""
+    tokens, lengths = replies(states, turn, key)
+    if tokens.shape[1] > width:
+        raise ValueError(f"demonstration replies take {tokens.shape[1]} tokens; "
+                         f"rollout.reply_tokens = {width} is too small for them")
+    tokens = jnp.pad(tokens.astype(jnp.int32), ((0, 0), (0, width - tokens.shape[1])),
+                     constant_values=pad_id)
+    zeros = jnp.zeros(tokens.shape, jnp.float32)
+    return GenerateOutput(tokens=tokens, logprobs=zeros, entropy=zeros,
+                          lengths=lengths.astype(jnp.int32),
+                          stop_reason=jnp.zeros_like(lengths, jnp.int32), cache=None)
 
 
 def _repeat_cache(cache: KVCache, n: int) -> KVCache:
@@ -191,7 +215,7 @@ def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken
 def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
             config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
             greedy: bool = False, reset_key: jax.Array | None = None,
-            mesh: Mesh | None = None) -> Rollout:
+            mesh: Mesh | None = None, replies: ReplySource | None = None) -> Rollout:
     """Samples B = groups * group_size trajectories (see the module docstring); jit-able.
 
     graphdef, params = nnx.split(policy model); env: a TextEnv; codec: built for this env and the
@@ -200,8 +224,11 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     drives sampling: evaluation keeps its held-out states fixed). greedy: argmax decoding.
     mesh: the rows (tokens, KV cache, env states, the sampler's state) are split over its data
     axes, each device rolling out its share (sharding.constrain_batch).
+    replies: a demonstration (starpo_jax.demonstrations): each turn's reply tokens come from
+    `replies(states, turn, key)` instead of the sampler, and everything else is as sampled
+    (graphdef and params may then be None: no model runs; behaviour log-probs and entropy 0).
     """
-    model = nnx.merge(graphdef, params)
+    model = None if replies is not None else nnx.merge(graphdef, params)
     p, n, turns = config.groups, config.group_size, config.max_turns
     b = p * n
     length = buffer_length(codec, config)
@@ -219,18 +246,24 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     states, _ = jax.vmap(env.reset)(jax.random.split(reset_key, p))
     symbols = jax.vmap(env.render_symbols)(states)
     first_ids, first_n = codec.first_prompt(symbols, jnp.full((p,), config.max_actions_per_traj))
-    group_cache = _prefill(model, *_shard_rows((first_ids, first_n, KVCache.init(
-        model.config, p, length, config.cache_dtype)), mesh))
-    cache = _repeat_cache(group_cache, n)
+    cache = None
+    if model is not None:
+        group_cache = _prefill(model, *_shard_rows((first_ids, first_n, KVCache.init(
+            model.config, p, length, config.cache_dtype)), mesh))
+        cache = _repeat_cache(group_cache, n)
     first_ids, first_n = jnp.repeat(first_ids, n, axis=0), jnp.repeat(first_n, n, axis=0)
     states = group_states(states, n, shared_randomness=config.shared_env_randomness)
 
     def turn(carry, k):
         (cache, buf, mask, tids, blogp, bent, filled, states, active, taken, success,
          effective, history) = carry
-        gen = generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, prefix.shape[0])),
-                            jnp.full((b,), prefix.shape[0], jnp.int32),
-                            jax.random.fold_in(sample_key, k), cache, token_bytes, options)
+        turn_key = jax.random.fold_in(sample_key, k)
+        if replies is None:
+            gen = generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, prefix.shape[0])),
+                                jnp.full((b,), prefix.shape[0], jnp.int32), turn_key, cache,
+                                token_bytes, options)
+        else:
+            gen = _supplied(replies, states, k, turn_key, config.reply_tokens, pad_id)
         cache = gen.cache
         kept = jnp.where(active, gen.lengths, 0)
         f = prefix.shape[0]
