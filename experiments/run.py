@@ -83,6 +83,8 @@ RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints
 RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio")
 # A host env's pool settings (threads / processes, timeout) change how it is stepped, not what.
 RESUMABLE_CHANGES += ("host",)
+# The starting weights matter only before the first checkpoint, which a resume starts from.
+RESUMABLE_CHANGES += ("model.init_from",)
 # config.json's record of the memory settings chosen for the knobs left unset (not a config
 # key): a resumed run takes them again from there.
 AUTO_MEMORY = "auto_memory"
@@ -155,7 +157,7 @@ def _train(exp: api.Experiment, workdir: Path, resume: bool, stop: threading.Eve
     writers = open_writers(workdir, c.steps, first, console_every=c.log_every) if primary \
         else Writers([])
     monitor = RunMonitor(workdir, c if primary else _silent_monitor(c), first)
-    evaluator = api.build_evaluator(exp) if c.eval_every or c.sample_every else None
+    evaluator = exp.evaluator() if c.eval_every or c.sample_every else None
     try:
         while exp.steps_done < c.steps and not any_process(
                 bool(stop and stop.is_set()) or monitor.stop_reason is not None):

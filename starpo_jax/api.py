@@ -122,6 +122,11 @@ class Experiment:
     def steps_done(self) -> int:
         return int(self.state.step)
 
+    def evaluator(self) -> Evaluator:
+        """The evaluator of this experiment (build_evaluator; an SFT experiment adds its
+        held-out loss)."""
+        return build_evaluator(self)
+
 
 def _phase_clock(after: float, steps: int, train: TrainConfig,
                  mesh: jax.sharding.Mesh | None) -> StepProgress | None:
@@ -147,6 +152,10 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
         from starpo_jax import host_train
         return host_train.build(full, train)
     model, tok = load_pretrained(full.model.source, full.model.dtype)
+    if full.model.init_from:
+        from starpo_jax.sft import load_init_weights
+        model = load_init_weights(model, full.model.init_from, full.model.source,
+                                  full.model.dtype)
     env = envs_jax.make(full.env.name)
     codec = _codec(full, train, tok, env)
     init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
@@ -263,3 +272,39 @@ def build_evaluator(exp: Experiment) -> Evaluator:
         envs[name] = (env, codec)
     return Evaluator(nnx.graphdef(exp.model), exp.tokenizer, envs, exp.train.rollout, config,
                      exp.key, eos_id=exp.tokenizer.eos_token_id, pad_id=exp.tokenizer.pad_token_id)
+
+
+# ---------------------------------------------------------------- SFT warm start (starpo_jax.sft)
+
+
+def sft_config(env: str, policy: str = "random", **rollout: Any) -> ConfigDict:
+    """An SFT run's config (default_config() plus its `sft` section; see starpo_jax.sft)."""
+    from starpo_jax import sft
+    return sft.sft_config(env, policy, **rollout)
+
+
+def build_sft(config: ConfigDict) -> Experiment:
+    """An SFT experiment: its step() is one supervised step on demonstrations (or sft.data),
+    its evaluator() adds the held-out loss. See starpo_jax.sft."""
+    from starpo_jax import sft
+    return sft.build(config)
+
+
+def demonstrations(exp: Experiment, policy: str | Callable[[Any, jax.Array], jax.Array],
+                   key: jax.Array, groups: int | None = None) -> Any:
+    """A Rollout of demonstrations in `exp`'s env, codec and rollout shape (`groups` initial
+    states, default rollout.groups, x group_size rows): `policy` is a name
+    (policies.POLICY_NAMES) or a function (env_state, key) -> actions [A] int32 (-1 padded).
+    demonstrations.transcripts(out, exp.tokenizer, exp.codec) turns it into chat transcripts."""
+    from starpo_jax.demonstrations import build_reply_encoder, demonstrate
+    from starpo_jax.policies import make_policy
+    r = exp.train.rollout
+    if isinstance(policy, str):
+        policy = make_policy(policy, exp.env, max_actions_per_turn=r.max_actions_per_turn,
+                             max_turns=r.max_turns, max_actions_per_traj=r.max_actions_per_traj)
+    encoder = build_reply_encoder(exp.tokenizer, exp.env, exp.codec,
+                                  max_actions_per_turn=r.max_actions_per_turn)
+    shape = dataclasses.replace(r, groups=groups or r.groups, chunks=1)
+    return jax.jit(lambda k: demonstrate(exp.env, exp.codec, shape, policy, encoder, k,
+                                         eos_id=exp.tokenizer.eos_token_id,
+                                         pad_id=exp.tokenizer.pad_token_id))(key)

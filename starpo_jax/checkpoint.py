@@ -106,8 +106,10 @@ class Checkpoints:
                            "with the config that made it, or pass another --workdir")
         # Orbax commits every array to its device; uncommitted leaves of `like` (a fresh
         # single-device state) stay uncommitted so that the compiled step is reused, not redone.
-        return jax.tree.map(lambda r, x: r if x.committed else jnp.asarray(np.asarray(r)),
-                            restored, like)
+        # An abstract `like` (jax.eval_shape) takes the arrays as restored.
+        return jax.tree.map(
+            lambda r, x: r if getattr(x, "committed", True) else jnp.asarray(np.asarray(r)),
+            restored, like)
 
     def close(self) -> None:
         self.manager.close()

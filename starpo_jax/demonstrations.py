@@ -234,13 +234,14 @@ class TokenizedRows(flax.struct.PyTreeNode):
 
 
 def tokenize_conversations(tokenizer: Any, conversations: list[dict[str, Any]], *, length: int,
-                           pad_id: int, skip_prefix: str = "") -> TokenizedRows:
+                           pad_id: int, skip_prefix: str = "",
+                           max_reply_tokens: int | None = None) -> TokenizedRows:
     """Chat transcripts -> rows of the model's chat template, the loss on the assistant turns
     only: each assistant message's tokens up to and including the EOS that ends it (the
     template's end of turn), without a leading `skip_prefix` (the forced prefix a rollout
     writes, not samples); a row ends after its last assistant turn. Raises ValueError for a
     conversation longer than `length` tokens or a template whose turns do not extend each
-    other."""
+    other, or one with more than `max_reply_tokens` loss tokens (the forward's static bound)."""
     eos = tokenizer.eos_token_id
     skip = len(_encode(tokenizer, skip_prefix)) if skip_prefix else 0
     tokens = np.full((len(conversations), length), pad_id, np.int32)
@@ -274,6 +275,9 @@ def tokenize_conversations(tokenizer: Any, conversations: list[dict[str, Any]], 
                              " (raise rollout.reply_tokens / shorten the conversations)")
         if not any(keep):
             raise ValueError(f"conversation {row} has no assistant message to learn from")
+        if max_reply_tokens is not None and sum(keep) > max_reply_tokens:
+            raise ValueError(f"conversation {row} has {sum(keep)} assistant tokens; at most "
+                             f"{max_reply_tokens} (rollout.max_turns x rollout.reply_tokens)")
         tokens[row, : len(ids)] = ids
         mask[row, : len(ids)] = keep
         lengths[row] = len(ids)

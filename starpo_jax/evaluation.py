@@ -274,7 +274,8 @@ def summary_table(metrics: Mapping[str, float]) -> str:
             _, env, mode, name = key.split("/", 3)
             rows.setdefault((env, mode), {})[name] = value
     columns = ["success"] + sorted({n for r in rows.values() for n in r if n.startswith("pass@")}) \
-        + ["reward", "num_turns", "num_actions", "action_is_valid", "response_length"]
+        + ["reward", "num_turns", "num_actions", "action_is_valid", "response_length"] \
+        + (["loss"] if any("loss" in r for r in rows.values()) else [])  # SFT's held-out loss
     width = max([len("env")] + [len(env) for env, _ in rows])
     head = f"{'env':<{width}}  {'mode':<7}  " + "  ".join(columns)
     body = [f"{env:<{width}}  {mode:<7}  " + "  ".join(

@@ -22,7 +22,8 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 # Shown on the console line, in this order, when present.
 CONSOLE_KEYS = ("train/success", "rollout/action_is_valid", "rollout/reward_mean",
-                "rollout/reward_std", "actor/entropy", "actor/grad_norm", "critic/vf_loss")
+                "rollout/reward_std", "actor/entropy", "actor/grad_norm", "critic/vf_loss",
+                "sft/loss")
 # Summarised when a process ends: mean over its first third of steps -> over its last third.
 TREND_KEYS = ("train/success", "rollout/action_is_valid", "rollout/reward_mean",
               "rollout/reward_std", "actor/entropy")

@@ -76,6 +76,8 @@ def default_config() -> ConfigDict:
     (0 = never); `sample_every` steps write sample conversations (0 = never). eval.envs: names,
     comma-separated ("" = the training env and its out-of-distribution variants); eval.modes:
     "greedy" and/or "sampled" (at eval.temperature, eval.pass_k rollouts per initial state).
+    model.init_from: a workdir of experiments/sft.py (or run.py) whose newest checkpoint's
+    policy is the starting weights (LoRA adapters merged in; starpo_jax.sft); "" = model.source.
     mesh.tp: the tensor-parallel size when the run sees several devices (starpo_jax.sharding:
     every device of every process, len(jax.devices()) // tp of them on "fsdp").
     max_skipped_steps: experiments/run.py saves and stops after this many steps in a row whose
@@ -96,7 +98,8 @@ def default_config() -> ConfigDict:
     c.algo = TrainConfig.algo
     c.vanilla = False
     c.nothink = False
-    c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32"})
+    c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32",
+                          "init_from": ""})
     c.mesh = ConfigDict({"tp": 1})
     c.env = ConfigDict({"name": "bandit"})
     # Host envs (envs_host) only: the env pool's threads (or one process per row) and the
@@ -225,6 +228,10 @@ def train_config(config: ConfigDict) -> TrainConfig:
              f"{EMBEDDED_NAME!r}, {TINY_RANDOM_NAME!r}, the path of a .gguf file or of a Hugging "
              "Face model directory")
     require_valid("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
+    init = full.model.init_from
+    require_valid("model.init_from", init, isinstance(init, str) and (
+        not init or (Path(init) / "config.json").is_file()),
+        "'' or a workdir of experiments/sft.py or run.py (holding config.json and checkpoints)")
     all_envs = envs_jax.names() + envs_host.names()
     require_valid("env.name", full.env.name, full.env.name in all_envs, f"one of {all_envs}")
     envs_host.PoolConfig(**full.host.to_dict())

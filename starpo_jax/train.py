@@ -56,8 +56,8 @@ from starpo_jax.models.lora import (adapted, base_config, fresh_trainable, joine
 from starpo_jax.models.sampler_weights import sampler_graphdef, sampler_params
 from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.rollout import Rollout, _prompt_widths, chunked_rollout
-from starpo_jax.shared_prefix import (group_sorted, shared_logprobs, shared_values,
-                                      slice_plans)
+from starpo_jax.shared_prefix import (aligned_slots, group_sorted, plan_for, shared_logprobs,
+                                      shared_values, slice_plans)
 from starpo_jax.sharding import constrain_batch, gather_for_compute
 from starpo_jax.text.codec import Codec
 
@@ -101,6 +101,9 @@ class TrainFns(NamedTuple):
     update: Callable[[TrainState, Batch, jax.Array], tuple[TrainState, Metrics]]
     learn: Callable[[TrainState, Rollout, jax.Array], tuple[TrainState, Metrics]]
     step: Callable[[TrainState, jax.Array], tuple[TrainState, Metrics]]
+    # Supervised steps on reply tokens (starpo_jax.sft): (state, rows, shared) -> ...
+    sft: Callable[..., tuple[TrainState, Metrics]]
+    sft_loss: Callable[..., Metrics]
 
 
 def _optimizer(lr: float, config: TrainConfig) -> optax.GradientTransformation:
@@ -482,7 +485,54 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
         return learn(state, rollout(state, rollout_key), update_key)
 
-    return TrainFns(rollout=rollout, prepare=prepare, update=update, learn=learn, step=step)
+    def sft_plan(rows: Any, shared: bool):
+        """The update's forward plan for rows [R, L] cut in optim.micro_batches slices: each
+        group's first prompt once when `shared` (group-major rollout rows of group_size),
+        else every row whole."""
+        count = rows.tokens.shape[0]
+        if count % opt.micro_batches:
+            raise ValueError(f"optim.micro_batches = {opt.micro_batches} must divide the "
+                             f"{count} rows of an SFT batch")
+        per = count // opt.micro_batches
+        groups = jnp.arange(count, dtype=jnp.int32) // (group if shared else 1)
+        width = shared_width(config, codec, mesh) if shared else None
+        return plan_for(width, per, aligned_slots(count, per, group) if shared else per), groups
+
+    def sft_objective(params, mb, plan, normaliser):
+        """Summed negative log-likelihood of the slice's reply tokens / normaliser."""
+        logp, _ = logprobs(params, mb["rows"], mb["groups"], plan)
+        return -jnp.sum(logp * mb["rows"].loss_mask) / normaliser, logp
+
+    def sft(state: TrainState, rows: Any, shared: bool = False) -> tuple[TrainState, Metrics]:
+        """One AdamW step on the token-mean cross-entropy of rows' loss_mask tokens (rows: a
+        Rollout or demonstrations.TokenizedRows, [R, L]), through the update's forward
+        (shared prefix, micro-batches, LoRA adapters only, skipped when not finite)."""
+        plan, groups = sft_plan(rows, shared)
+        normaliser = jnp.maximum(rows.loss_mask.sum(), 1).astype(jnp.float32)
+        trainable, frozen = trainable_split(state.actor, lora)
+        grads, logp = accumulated_grad(
+            lambda p, mb: sft_objective(joined(p, frozen), mb, plan, normaliser), trainable,
+            {"rows": rows, "groups": groups}, opt.micro_batches, mesh)
+        loss = -jnp.sum(logp * rows.loss_mask) / normaliser
+        aux = {"sft/loss": loss, "actor/grad_norm": optax.tree.norm(grads),
+               "sft/reply_tokens": rows.loss_mask.sum() / rows.loss_mask.shape[0]}
+        actor, actor_opt, aux["actor/skipped_updates"] = apply_if(
+            rows.loss_mask.any(), actor_tx, grads, state.actor_opt, trainable, loss,
+            aux["actor/grad_norm"])
+        aux = {k: v.astype(jnp.float32) for k, v in aux.items()}
+        return state.replace(actor=joined(actor, frozen), actor_opt=actor_opt,
+                             step=state.step + 1), aux
+
+    def sft_loss(actor: nnx.State, rows: Any, shared: bool = False) -> Metrics:
+        """{"loss": token-mean cross-entropy} of rows' loss_mask tokens under the policy
+        `actor` (a TrainState's), no gradient, in optim.micro_batches slices."""
+        plan, groups = sft_plan(rows, shared)
+        logp = in_row_slices(lambda b: logprobs(actor, b[0], b[1], plan)[0],
+                             (rows, groups), opt.micro_batches, mesh)
+        return {"loss": -jnp.sum(logp * rows.loss_mask) / jnp.maximum(rows.loss_mask.sum(), 1)}
+
+    return TrainFns(rollout=rollout, prepare=prepare, update=update, learn=learn, step=step,
+                    sft=sft, sft_loss=sft_loss)
 
 
 def make_train_step(config: TrainConfig, env: Any, codec: Codec, *, model: Decoder, eos_id: int,

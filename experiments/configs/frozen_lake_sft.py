@@ -1,0 +1,21 @@
+"""The SFT warm start on FrozenLake (experiments/sft.py): sokoban_sft.py's shape on FrozenLake.
+
+Demonstrations by the `random` policy, NoThink, 5 turns, 10 actions, replies of up to 24
+tokens; 16 rows a step at lr 5e-5, 30 steps; 32 held-out maps evaluated greedily before and
+after. RL starts from it with --config.model.init_from=<this workdir>.
+"""
+
+from starpo_jax.sft import sft_config
+
+SFT_LR = 5e-5
+
+
+def get_config():
+    c = sft_config("frozen_lake", "random", groups=4, group_size=4, reply_tokens=24)
+    c.nothink = True
+    c.steps = 30
+    c.optim.actor_lr = SFT_LR
+    c.eval_every = c.steps
+    c.eval.update(episodes=32, modes="greedy")
+    c.sample_every = c.checkpoint_every = 10
+    return c

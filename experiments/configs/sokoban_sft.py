@@ -1,0 +1,25 @@
+"""The SFT warm start on Sokoban (experiments/sft.py): SmolLM2 learns the answer format.
+
+Demonstrations by the `random` policy (1 to 5 uniformly random moves a turn: the format, not
+the task), NoThink, the env's 5 turns and 10-action budget, replies of up to 24 tokens. Each
+step trains on 4 initial states x 4 demonstrations (16 rows, each group's first prompt computed
+once), all weights at lr 5e-5 (AdamW), 30 steps. Before step 1 and after the last, 32 held-out
+states are evaluated greedily: the valid-reply rate (action_is_valid), success and the loss on
+their demonstrations. RL then starts from it:
+    python experiments/run.py --config sokoban_grpo.py --config.model.init_from=<this workdir>
+"""
+
+from starpo_jax.sft import sft_config
+
+SFT_LR = 5e-5
+
+
+def get_config():
+    c = sft_config("sokoban", "random", groups=4, group_size=4, reply_tokens=24)
+    c.nothink = True
+    c.steps = 30
+    c.optim.actor_lr = SFT_LR
+    c.eval_every = c.steps  # once, after the last step (experiments/sft.py also evaluates before)
+    c.eval.update(episodes=32, modes="greedy")
+    c.sample_every = c.checkpoint_every = 10
+    return c

@@ -1,0 +1,323 @@
+"""The SFT warm start: demonstrations are rollouts (token for token), policies play well, the
+loss is the reply tokens' cross-entropy, JSONL round trips, resume, LoRA, RL from an SFT run."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import envs_jax  # noqa: E402
+from envs_jax.frozen_lake import types as fl  # noqa: E402
+from envs_jax.sokoban.solver import solve  # noqa: E402
+from starpo_jax import api, sft  # noqa: E402
+from starpo_jax.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.config import RolloutConfig  # noqa: E402
+from starpo_jax.demonstrations import (build_reply_encoder, demonstrate, read_jsonl,  # noqa: E402
+                                       tokenize_conversations, transcripts, write_jsonl)
+from starpo_jax.models.lora import merged_params  # noqa: E402
+from starpo_jax.policies import frozen_lake_values, make_policy, sokoban_distances  # noqa: E402
+from starpo_jax.rollout import group_states, rollout  # noqa: E402
+from starpo_jax.text import build_codec  # noqa: E402
+from test_api import SHORT_TURN, tiny_config  # noqa: E402
+from test_rollout import REPLY_TOKENS, SHORT_TEMPLATE, _replay_row, tiny_bandit_setup  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+import run  # noqa: E402
+
+
+@functools.cache
+def _grid_setup(name: str, mode: str, reply_tokens: int = 32):
+    """(env, SmolLM2 tokenizer, codec, reply encoder, rollout config) of a grid env."""
+    from starpo_jax.text.testing import smollm2_tokenizer
+
+    tok = smollm2_tokenizer()
+    env = envs_jax.make(name)
+    codec = build_codec(tok, env, mode=mode, max_tokens=reply_tokens, verify=20, **SHORT_TEMPLATE)
+    config = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=reply_tokens,
+                           mode=mode, max_actions_per_turn=5, max_actions_per_traj=10)
+    return env, tok, codec, build_reply_encoder(tok, env, codec, max_actions_per_turn=5), config
+
+
+def _demos(name: str, mode: str, policy: str, key: int = 0, **shape):
+    env, tok, codec, encoder, config = _grid_setup(name, mode)
+    config = dataclasses.replace(config, **shape)
+    p = make_policy(policy, env, max_actions_per_turn=config.max_actions_per_turn,
+                    max_turns=config.max_turns, max_actions_per_traj=config.max_actions_per_traj)
+    run = jax.jit(lambda k: demonstrate(env, codec, config, p, encoder, k,
+                                        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id))
+    return jax.device_get(run(jax.random.PRNGKey(key))), config
+
+
+def test_demonstration_is_the_rollout_of_the_same_replies():
+    """A demonstration whose reply source hands back a sampled rollout's replies is that
+    rollout, field for field (same prompts, buffers, masks, env steps; no second loop)."""
+    model, tok, env, codec = tiny_bandit_setup()
+    config = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=REPLY_TOKENS,
+                           mode="nothink", max_actions_per_traj=3)
+    graphdef, params = nnx.split(model)
+    key = jax.random.PRNGKey(5)
+    ids = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    sampled = jax.jit(lambda p: rollout(graphdef, p, env, codec, config, key, **ids))(params)
+    # Each turn's sampled tokens, in order, as [B, T, reply_tokens].
+    host = jax.device_get(sampled)
+    replies = np.full((4, config.max_turns, REPLY_TOKENS), tok.pad_token_id, np.int32)
+    for b in range(4):
+        for k in range(config.max_turns):
+            row = host.tokens[b][host.turn_ids[b] == k]
+            replies[b, k, : len(row)] = row
+
+    def replay(states, turn, _key):
+        return jnp.asarray(replies)[:, turn], jnp.asarray(host.reply_lengths)[:, turn]
+
+    demo = jax.jit(lambda: rollout(None, None, env, codec, config, key, replies=replay, **ids))()
+    for field in ("tokens", "lengths", "prompt_lengths", "loss_mask", "turn_ids", "turn_rewards",
+                  "format_penalties", "turn_taken", "format_ok", "reply_lengths", "success",
+                  "num_actions", "effective_actions"):
+        np.testing.assert_array_equal(getattr(demo, field), getattr(sampled, field), err_msg=field)
+    assert not np.asarray(demo.behaviour_logp).any()  # nothing was sampled
+
+
+@pytest.mark.parametrize("name,policy", [("sokoban", "random"), ("frozen_lake", "solver")])
+def test_demonstrations_equal_the_chat_template_of_their_conversation(name, policy):
+    """Independent reference: the host replays each row from its reply text (reference_parse,
+    the unbatched env) and tokenises the conversation with apply_chat_template."""
+    out, config = _demos(name, "nothink", policy)
+    env, tok, codec, _, _ = _grid_setup(name, "nothink")
+    reset_keys = jax.random.split(jax.random.split(jax.random.PRNGKey(0))[0], config.groups)
+    states = jax.vmap(env.reset)(reset_keys)[0]
+    states = group_states(states, config.group_size)
+    eos = tok.eos_token_id
+    for b in range(config.groups * config.group_size):
+        # Every reply ends with EOS, the template's end of turn, in the loss mask; the host's
+        # transcript has it as the next piece's first token (and after the last reply, in the
+        # closing): replay the replies without it, then compare around it.
+        n = int(out.lengths[b])
+        ends = np.flatnonzero(out.loss_mask[b, :n] & ~np.append(out.loss_mask[b, 1:n], False))
+        assert (out.tokens[b, ends] == eos).all() and ends[-1] == n - 1
+        turn_ids = out.turn_ids[b].copy()
+        turn_ids[ends] = -1
+        state = jax.tree.map(lambda x: x[b], states)
+        tokens, mask, _, rewards, _, taken = _replay_row(
+            tok, env, codec, config, state, out.tokens[b], turn_ids)
+        assert out.tokens[b, : n - 1].tolist() == tokens, f"row {b}"
+        reply_mask = out.loss_mask[b, : n - 1].copy()
+        reply_mask[ends[:-1]] = False
+        assert reply_mask.astype(int).tolist() == mask
+        assert int(out.num_actions[b]) == taken
+        np.testing.assert_allclose(out.turn_rewards[b, : len(rewards)], rewards, atol=1e-6)
+        assert out.format_ok[b][out.turn_taken[b]].all()
+
+
+@pytest.mark.parametrize("mode", ["nothink", "think"])
+def test_reply_tokens_are_the_tokenizers_own(mode, qwen_style_tok):
+    env = envs_jax.make("sokoban")
+    for tok in (_grid_setup("sokoban", mode)[1], qwen_style_tok):
+        codec = build_codec(tok, env, mode=mode, verify=5, **SHORT_TEMPLATE)
+        encoder = build_reply_encoder(tok, env, codec, max_actions_per_turn=3)
+        ids, n = jax.jit(encoder.encode)(jnp.asarray([0, 2, -1], jnp.int32))
+        text = ("<answer>" if mode == "nothink" else
+                "<think>I will take the actions below.</think><answer>") + "Up || Left</answer>"
+        want = tok.encode(text + "<|im_end|>", add_special_tokens=False)
+        assert list(codec.forced_prefix_ids) + np.asarray(ids)[: int(n)].tolist() == want
+
+
+def test_jsonl_round_trip(tmp_path):
+    """Demonstrations -> JSONL transcripts -> the chat template's tokens: the same rows."""
+    out, _ = _demos("frozen_lake", "think", "random", key=1)
+    env, tok, codec, _, _ = _grid_setup("frozen_lake", "think")
+    path = tmp_path / "demos.jsonl"
+    assert write_jsonl(path, transcripts(out, tok, codec)) == 4
+    conversations = read_jsonl(path)
+    assert [m["role"] for m in conversations[0]["messages"][:3]] == ["system", "user", "assistant"]
+    assert conversations[0]["messages"][2]["content"].startswith(
+        "<think>I will take the actions below.</think><answer>")
+    rows = tokenize_conversations(tok, conversations, length=out.tokens.shape[1],
+                                  pad_id=tok.pad_token_id, skip_prefix="<think>")
+    np.testing.assert_array_equal(rows.tokens, out.tokens)
+    np.testing.assert_array_equal(rows.loss_mask, out.loss_mask)
+    np.testing.assert_array_equal(rows.lengths, out.lengths)
+    (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user"}]}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1 is invalid"):
+        read_jsonl(tmp_path / "bad.jsonl")
+
+
+def test_sokoban_solver_is_optimal_and_solves():
+    """Distances from the JAX search equal the plain-Python BFS solver's; the solver's
+    demonstrations solve every level whose optimal length fits the 10-action budget."""
+    out, config = _demos("sokoban", "nothink", "solver", key=3, groups=8, group_size=1)
+    env = _grid_setup("sokoban", "nothink")[0]
+    keys = jax.random.split(jax.random.split(jax.random.PRNGKey(3))[0], 8)
+    states = jax.vmap(env.reset)(keys)[0]
+    dist = jax.jit(jax.vmap(lambda s: sokoban_distances(env, s)[0]))(states)
+    cols = env.dim_room[1]
+    n = env.dim_room[0] * cols
+    for b in range(8):
+        state = jax.tree.map(lambda x: x[b], states)
+        here = (int(state.player[0]) * cols + int(state.player[1])) * n + int(
+            np.argmax(np.asarray(state.boxes).reshape(-1)))
+        optimal = solve(np.asarray(env.render_symbols(state)))
+        assert int(dist[b, here]) == optimal
+        assert bool(out.success[b]) == (optimal <= config.max_actions_per_traj)
+        if optimal <= config.max_actions_per_traj:
+            assert int(out.num_actions[b]) == optimal
+
+
+def _numpy_frozen_lake_q(tiles: np.ndarray, horizon: int) -> np.ndarray:
+    """Finite-horizon value iteration of the slippery 4-action MDP, in plain loops."""
+    size = tiles.shape[0]
+    value = np.zeros((size, size))
+    qs = []
+    for _ in range(horizon):
+        q = np.zeros((size * size, 4))
+        for r in range(size):
+            for c in range(size):
+                for a in range(4):
+                    for slip in (-1, 0, 1):
+                        dr, dc = fl.MOVES[(a + slip) % 4]
+                        r2, c2 = min(max(r + dr, 0), size - 1), min(max(c + dc, 0), size - 1)
+                        t = tiles[r2, c2]
+                        gain = 1.0 if t == fl.GOAL else (value[r2, c2] if t == fl.FROZEN else 0)
+                        q[r * size + c, a] += gain / 3
+        value = q.max(1).reshape(size, size)
+        qs.append(q)
+    return np.stack(qs)
+
+
+def test_frozen_lake_solver_values_match_numpy_value_iteration():
+    env = envs_jax.make("frozen_lake")
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    states = jax.vmap(env.reset)(keys)[0]
+    qs = jax.jit(jax.vmap(lambda t: frozen_lake_values(env, t, 10)))(states.tiles)
+    for b in range(3):
+        np.testing.assert_allclose(qs[b], _numpy_frozen_lake_q(np.asarray(states.tiles[b]), 10),
+                                   atol=1e-5)
+    solver, _ = _demos("frozen_lake", "nothink", "solver", key=4, groups=32, group_size=1)
+    random, _ = _demos("frozen_lake", "nothink", "random", key=4, groups=32, group_size=1)
+    assert solver.success.mean() > random.success.mean()
+
+
+def test_random_policy_is_valid_and_bad_names_are_named():
+    out, config = _demos("sokoban", "nothink", "random", key=2)
+    assert out.format_ok[out.turn_taken].all()
+    per_turn = out.num_actions.sum() / out.turn_taken.sum()
+    assert 1 <= per_turn <= config.max_actions_per_turn
+    env = envs_jax.make("sokoban")
+    with pytest.raises(ValueError, match=r"unknown policy 'greedy'; valid: random, solver"):
+        make_policy("greedy", env, max_actions_per_turn=5, max_turns=5, max_actions_per_traj=10)
+    with pytest.raises(ValueError, match=r"no 'solver' policy for Countdown"):
+        make_policy("solver", envs_jax.make("countdown"), max_actions_per_turn=1, max_turns=1,
+                    max_actions_per_traj=1)
+    c = sft_tiny_config()
+    c.sft.policy = "oracle"
+    with pytest.raises(ValueError, match=r"config.sft.policy = 'oracle' is invalid"):
+        sft.split_config(c)
+
+
+# ---------------------------------------------------------------- training
+
+
+def sft_tiny_config(lora: int = 0):
+    """Bandit SFT on the solver's demonstrations, tiny-random, 2 x 2 rows."""
+    c = sft.sft_config("bandit", "solver", groups=2, group_size=2, max_turns=1, reply_tokens=8)
+    c.model.source = "tiny-random"
+    c.nothink = True
+    c.prompt.update(system="", intro="", turn=SHORT_TURN, verify=20)
+    c.optim.actor_lr = 1e-3
+    c.lora.rank = lora
+    c.check_memory = False
+    c.steps, c.eval_every, c.sample_every, c.checkpoint_every = 3, 0, 0, 1
+    c.eval.update(episodes=2, modes="greedy")
+    return c
+
+
+@functools.cache
+def tiny_sft(lora: int = 0) -> sft.SftExperiment:
+    return sft.build(sft_tiny_config(lora))
+
+
+def test_sft_loss_is_the_reply_tokens_cross_entropy():
+    """The loss equals a numpy cross-entropy over the loss-mask tokens of the model's full
+    logits; micro-batches and the shared-prefix forward give the same loss and update."""
+    exp = tiny_sft()
+    out = exp.demos(jax.random.PRNGKey(0))
+    logits = np.asarray(exp.model(out.tokens), np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                                                               keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    mask = np.asarray(out.loss_mask)
+    targets = np.asarray(out.tokens)
+    picked = np.take_along_axis(logp[:, :-1], targets[:, 1:, None], -1)[..., 0]
+    want = -(picked * mask[:, 1:]).sum() / mask.sum()
+    assert mask.sum() > 0 and not mask[np.arange(4), np.asarray(out.prompt_lengths) - 1].any()
+    results = {}
+    for micro, shared in ((1, False), (2, True), (4, True)):
+        train = dataclasses.replace(exp.train, optim=dataclasses.replace(exp.train.optim,
+                                                                         micro_batches=micro))
+        fns = sft._fns(exp, train)
+        state, metrics = jax.jit(fns.sft, static_argnums=2)(exp.fresh_state(), out, shared)
+        results[micro] = state.actor
+        np.testing.assert_allclose(float(metrics["sft/loss"]), want, rtol=1e-4)
+        np.testing.assert_allclose(float(fns.sft_loss(exp.fresh_state().actor, out, shared)[
+            "loss"]), want, rtol=1e-4)
+    for micro in (2, 4):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6), results[1],
+                     results[micro])
+
+
+def test_sft_learns_and_lora_trains_only_adapters():
+    exp = tiny_sft(lora=4)
+    exp.state = exp.fresh_state()
+    before = jax.tree.map(np.asarray, exp.state.actor)
+    losses = [exp.step()["sft/loss"] for _ in range(3)]
+    assert losses[-1] < losses[0]
+    after = jax.tree.map(np.asarray, exp.state.actor)
+    changed = jax.tree_util.tree_map_with_path(
+        lambda path, a, b: ("lora" in jax.tree_util.keystr(path), not np.array_equal(a, b)),
+        before, after)
+    flags = jax.tree.leaves(changed, is_leaf=lambda x: isinstance(x, tuple))
+    assert any(c for is_lora, c in flags if is_lora)
+    assert not any(c for is_lora, c in flags if not is_lora)
+
+
+def test_resume_repeats_the_same_steps(tmp_path):
+    exp = tiny_sft()
+    exp.state = exp.fresh_state()
+    straight = [exp.step() for _ in range(3)]
+    exp.state = exp.fresh_state()
+    exp.step()
+    checkpoints = Checkpoints(tmp_path / "checkpoints", 1, 2)
+    checkpoints.maybe_save(exp.state, force=True)
+    exp.state = checkpoints.restore_latest(like=exp.fresh_state())
+    checkpoints.close()
+    assert [exp.step() for _ in range(2)] == straight[1:]
+
+
+def test_rl_starts_from_the_sft_workdir(tmp_path):
+    """run.py's loop on an SFT experiment writes a workdir; model.init_from loads its policy
+    (LoRA adapters merged) into a StarPO run's model."""
+    exp = tiny_sft(lora=4)
+    exp.state = exp.fresh_state()
+    assert run.train(exp, tmp_path) == 3
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and "sft/loss" in json.loads(lines[0])
+    config = tiny_config()
+    config.model.init_from = str(tmp_path)
+    rl_exp = api.build(config)
+    want = merged_params(nnx.to_pure_dict(exp.state.actor), exp.model.config)
+    got = nnx.to_pure_dict(nnx.state(rl_exp.model))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), got, want)
+    config.model.init_from = str(tmp_path / "nothing")
+    with pytest.raises(ValueError, match=r"config.model.init_from = .* is invalid"):
+        api.train_config(config)
