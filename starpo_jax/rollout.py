@@ -17,6 +17,8 @@ Rows whose episode ended, or whose action budget is spent, take no further turns
 ended with EOS already holds the template's end-of-turn token, so the next message's copy of it
 is skipped. Only the sampled tokens are in the loss mask: not the template, env text or prefix.
 Inactive rows still run through the sampler (shapes are static) but nothing of theirs is kept.
+A demonstration (`replies=`, starpo_jax.demonstrations) is this same loop with each turn's
+reply tokens supplied instead of sampled, and no model.
 """
 
 from __future__ import annotations

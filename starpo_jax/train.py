@@ -6,6 +6,7 @@
     batch = fns.prepare(state, out)               # filter, old log-probs, values, advantages
     state, metrics = fns.update(state, batch, key)  # the PPO / GRPO mini-batch updates
     state, metrics = fns.learn(state, out, key)   # Online-k rounds of both, metrics, step + 1
+    state, metrics = fns.sft(state, rows)         # one supervised step (starpo_jax.sft)
     step = make_train_step(config, env, codec, ...)  # jit of the whole iteration, one program
     state, metrics = step(state, key)             # the state is donated: use the returned one
 

@@ -262,18 +262,20 @@ def test_sft_loss_is_the_reply_tokens_cross_entropy():
     want = -(picked * mask[:, 1:]).sum() / mask.sum()
     assert mask.sum() > 0 and not mask[np.arange(4), np.asarray(out.prompt_lengths) - 1].any()
     results = {}
-    for micro, shared in ((1, False), (2, True), (4, True)):
+    for micro, shared in ((1, False), (1, True), (2, True)):
         train = dataclasses.replace(exp.train, optim=dataclasses.replace(exp.train.optim,
                                                                          micro_batches=micro))
         fns = sft._fns(exp, train)
         state, metrics = jax.jit(fns.sft, static_argnums=2)(exp.fresh_state(), out, shared)
-        results[micro] = state.actor
+        results[micro, shared] = state.actor
         np.testing.assert_allclose(float(metrics["sft/loss"]), want, rtol=1e-4)
         np.testing.assert_allclose(float(fns.sft_loss(exp.fresh_state().actor, out, shared)[
             "loss"]), want, rtol=1e-4)
-    for micro in (2, 4):
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6), results[1],
-                     results[micro])
+    for key in ((1, True), (2, True)):
+        # One AdamW step of lr 1e-3: float-rounding differences of a near-zero gradient move
+        # a weight by a small fraction of the step.
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5),
+                     results[1, False], results[key])
 
 
 def test_sft_learns_and_lora_trains_only_adapters():
@@ -321,3 +323,44 @@ def test_rl_starts_from_the_sft_workdir(tmp_path):
     config.model.init_from = str(tmp_path / "nothing")
     with pytest.raises(ValueError, match=r"config.model.init_from = .* is invalid"):
         api.train_config(config)
+
+
+def _sft_cli(*args: str) -> "subprocess.CompletedProcess":
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, str(root / "experiments" / "sft.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=900)
+
+
+def test_sft_command_names_a_bad_policy_in_one_line(tmp_path):
+    done = _sft_cli("--config", "frozen_lake_sft.py", "--config.sft.policy=oracle",
+                    "--workdir", str(tmp_path / "w"))
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("error: config.sft.policy = 'oracle' is invalid; valid: one "
+                                   "of ('random', 'solver')")
+
+
+@pytest.mark.slow
+def test_sft_command_writes_a_workdir_and_resumes(tmp_path):
+    """experiments/sft.py end to end (tiny model): demos.jsonl, before.json, metrics with
+    sft/loss and the held-out evaluation, then --resume to a later step."""
+    work = tmp_path / "w"
+    tiny = ["--config", "frozen_lake_sft.py", "--config.model.source=tiny-random",
+            "--config.rollout.max_turns=2", "--config.rollout.groups=2",
+            "--config.rollout.group_size=2", "--config.optim.micro_batches=1",
+            "--config.eval.episodes=2", "--config.eval_every=2", "--config.sample_every=0",
+            "--config.check_memory=False", "--workdir", str(work)]
+    done = _sft_cli(*tiny, "--config.steps=2", "--config.sft.write_demos=3")
+    assert done.returncode == 0, done.stderr
+    assert len(read_jsonl(work / "demos.jsonl")) == 3
+    assert "val/frozen_lake/greedy/action_is_valid" in json.loads(
+        (work / "before.json").read_text())
+    rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert "sft/loss" in rows[0] and "val/sft/heldout/loss" in rows[1]
+    done = _sft_cli(*tiny, "--config.steps=3", "--config.sft.write_demos=3", "--resume")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]

@@ -11,15 +11,17 @@ their demonstrations. RL then starts from it:
 
 from starpo_jax.sft import sft_config
 
-SFT_LR = 5e-5
+SFT_LR = 1e-4
 
 
 def get_config():
-    c = sft_config("sokoban", "random", groups=4, group_size=4, reply_tokens=24)
+    c = sft_config("sokoban", "random", groups=2, group_size=8, reply_tokens=24)
     c.nothink = True
-    c.steps = 30
+    c.steps = 12
     c.optim.actor_lr = SFT_LR
+    c.optim.update(remat=True, micro_batches=4)
+    c.rollout.update(cache_dtype="float32", chunks=1)  # rollout-only knobs: nothing to choose
     c.eval_every = c.steps  # once, after the last step (experiments/sft.py also evaluates before)
-    c.eval.update(episodes=32, modes="greedy")
-    c.sample_every = c.checkpoint_every = 10
+    c.eval.update(envs="sokoban", episodes=32, modes="greedy")
+    c.sample_every = c.checkpoint_every = 4
     return c
