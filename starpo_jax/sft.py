@@ -46,6 +46,9 @@ from starpo_jax.rollout import buffer_length
 from starpo_jax.train import TrainState, init_train_state, make_train_fns
 
 ConfigDict = config_dict.ConfigDict
+# The key stream of sft.write_demos' demonstrations: neither a step's (fold_in(key, step)) nor
+# the held-out evaluation's (evaluation.EVAL_STREAM = 2**31 - 1).
+DEMO_STREAM = 2**31 - 2
 #: What sft.py's config has beyond a StarPO run's (api.default_config).
 SFT_DEFAULTS = {"policy": "random", "data": "", "heldout": 0.1, "write_demos": 0}
 
@@ -55,7 +58,8 @@ def sft_default_config() -> ConfigDict:
     sft.policy: the demonstrations' policy (policies.POLICY_NAMES), when sft.data is "";
     sft.data: a JSONL file of {"messages": [...]} transcripts to train on instead ("" = none);
     sft.heldout: the fraction of sft.data's conversations held out for val/sft/heldout/loss
-    (its last ones); sft.write_demos: demonstrations written to <workdir>/demos.jsonl at the start."""
+    (its last ones); sft.write_demos: demonstrations written to <workdir>/demos.jsonl at the
+    start."""
     c = api.default_config()
     c.sft = ConfigDict(dict(SFT_DEFAULTS))
     return c
@@ -171,7 +175,7 @@ class SftExperiment(api.Experiment):
     def write_demos(self, path: Path, count: int) -> int:
         """Writes `count` demonstrations (fresh initial states) as JSONL; returns the count."""
         shape = dataclasses.replace(self.train.rollout, groups=count, group_size=1, chunks=1)
-        out = jax.jit(lambda k: self.demos(k, shape))(jax.random.fold_in(self.key, -1 % 2**31))
+        out = jax.jit(lambda k: self.demos(k, shape))(jax.random.fold_in(self.key, DEMO_STREAM))
         return write_jsonl(path, transcripts(out, self.tokenizer, self.codec))
 
 
@@ -187,7 +191,7 @@ def _sft_step(exp: SftExperiment, train) -> Callable:
     rows_per_step = train.rollout.groups * train.rollout.group_size
     if exp.data is None:
         def step(state: TrainState, key: jax.Array):
-            out = exp.demos(jax.random.fold_in(key, state.step))
+            out = exp.demos(jax.random.fold_in(key, state.step), train.rollout)
             state, metrics = fns.sft(state, out, shared=True)
             metrics["sft/demo_success"] = out.success.mean().astype(jnp.float32)
             return state, metrics

@@ -14,7 +14,7 @@ import pytest
 # keeps this order): the last file a worker takes is then a short one and the two workers end
 # together. Files not listed follow in collection order.
 HEAVY_FIRST = ("test_freetext_train.py", "test_autofit.py", "test_train.py",
-               "test_shared_prefix.py", "test_rollout.py", "test_host_rollout.py",
+               "test_shared_prefix.py", "test_rollout.py", "test_sft.py", "test_host_rollout.py",
                "test_lora.py", "test_faults.py", "test_collapse.py", "test_notebooks.py",
                "test_text_env_states.py", "test_host_train.py", "test_report.py",
                "test_failures.py", "test_faithful.py",

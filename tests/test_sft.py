@@ -225,6 +225,17 @@ def test_random_policy_is_valid_and_bad_names_are_named():
         sft.split_config(c)
 
 
+def test_api_demonstrations_take_a_name_or_a_function():
+    """api.demonstrations: the bandit's solver always pulls the high-risk arm (success = that
+    arm pulled); a user function pulling the other arm never succeeds."""
+    exp = tiny_sft()
+    solver = api.demonstrations(exp, "solver", jax.random.PRNGKey(0), groups=4)
+    assert solver.success.all() and solver.format_ok[:, 0].all()
+    low = api.demonstrations(exp, lambda state, key: jnp.array([0], jnp.int32),
+                             jax.random.PRNGKey(0))
+    assert not low.success.any() and (low.num_actions == 1).all()
+
+
 # ---------------------------------------------------------------- training
 
 
@@ -253,29 +264,29 @@ def test_sft_loss_is_the_reply_tokens_cross_entropy():
     exp = tiny_sft()
     out = exp.demos(jax.random.PRNGKey(0))
     logits = np.asarray(exp.model(out.tokens), np.float64)
-    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
-                                                                               keepdims=True)) \
-        - logits.max(-1, keepdims=True)
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     mask = np.asarray(out.loss_mask)
     targets = np.asarray(out.tokens)
     picked = np.take_along_axis(logp[:, :-1], targets[:, 1:, None], -1)[..., 0]
     want = -(picked * mask[:, 1:]).sum() / mask.sum()
-    assert mask.sum() > 0 and not mask[np.arange(4), np.asarray(out.prompt_lengths) - 1].any()
+    # The loss tokens are the replies after the forced prefix, their end of turn included.
+    for b in range(4):
+        assert exp.tokenizer.decode(targets[b][mask[b]]) == "Dragon</answer><|im_end|>"
     results = {}
-    for micro, shared in ((1, False), (1, True), (2, True)):
+    for micro, shared in ((1, False), (2, True)):
         train = dataclasses.replace(exp.train, optim=dataclasses.replace(exp.train.optim,
                                                                          micro_batches=micro))
         fns = sft._fns(exp, train)
         state, metrics = jax.jit(fns.sft, static_argnums=2)(exp.fresh_state(), out, shared)
         results[micro, shared] = state.actor
         np.testing.assert_allclose(float(metrics["sft/loss"]), want, rtol=1e-4)
-        np.testing.assert_allclose(float(fns.sft_loss(exp.fresh_state().actor, out, shared)[
-            "loss"]), want, rtol=1e-4)
-    for key in ((1, True), (2, True)):
-        # One AdamW step of lr 1e-3: float-rounding differences of a near-zero gradient move
-        # a weight by a small fraction of the step.
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5),
-                     results[1, False], results[key])
+        loss = jax.jit(fns.sft_loss, static_argnums=2)(exp.fresh_state().actor, out, shared)
+        np.testing.assert_allclose(float(loss["loss"]), want, rtol=1e-4)
+    # One AdamW step of lr 1e-3: float-rounding differences of a near-zero gradient move a
+    # weight by a small fraction of the step.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), results[1, False],
+                 results[2, True])
 
 
 def test_sft_learns_and_lora_trains_only_adapters():

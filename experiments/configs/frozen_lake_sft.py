@@ -1,7 +1,7 @@
 """The SFT warm start on FrozenLake (experiments/sft.py): sokoban_sft.py's shape on FrozenLake.
 
 Demonstrations by the `random` policy, NoThink, 5 turns, 10 actions, replies of up to 24
-tokens; 16 rows a step at lr 5e-5, 30 steps; 32 held-out maps evaluated greedily before and
+tokens; 8 rows a step at lr 1e-4, 10 steps; 16 held-out maps evaluated greedily before and
 after. RL starts from it with --config.model.init_from=<this workdir>.
 """
 
@@ -11,13 +11,13 @@ SFT_LR = 1e-4
 
 
 def get_config():
-    c = sft_config("frozen_lake", "random", groups=2, group_size=8, reply_tokens=24)
+    c = sft_config("frozen_lake", "random", groups=1, group_size=8, reply_tokens=24)
     c.nothink = True
-    c.steps = 12
+    c.steps = 10
     c.optim.actor_lr = SFT_LR
-    c.optim.update(remat=True, micro_batches=4)
+    c.optim.update(remat=True, micro_batches=2)
     c.rollout.update(cache_dtype="float32", chunks=1)  # rollout-only knobs: nothing to choose
     c.eval_every = c.steps
-    c.eval.update(envs="frozen_lake", episodes=32, modes="greedy")
-    c.sample_every = c.checkpoint_every = 4
+    c.eval.update(envs="frozen_lake", episodes=16, modes="greedy")
+    c.sample_every = c.checkpoint_every = 5
     return c
