@@ -182,10 +182,13 @@ def grpo(scores: jax.Array, mode: str = "mean_std", eps: float = 1e-6) -> jax.Ar
         raise ValueError(f"scores must be [P, N]; got shape {scores.shape}")
     if mode == "none" or scores.shape[1] == 1:
         return scores
-    centred = scores - scores.mean(axis=1, keepdims=True)
+    # Shifting by one member first makes a group of equal scores exactly 0 in float32 (its mean
+    # can miss the shared value by a rounding step, e.g. 32 x 9.4, which would give +-0.5).
+    shifted = scores - scores[:, :1]
+    centred = shifted - shifted.mean(axis=1, keepdims=True)
     if mode == "mean":
         return centred
-    std = jnp.std(scores, axis=1, keepdims=True, ddof=1)
+    std = jnp.std(shifted, axis=1, keepdims=True, ddof=1)
     return jnp.where(std > eps, centred / (std + eps), 0.0)
 
 
