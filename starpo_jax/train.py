@@ -339,8 +339,12 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         loss, stats = policy_loss(logp, old, mb["advantages"], mask, cfg.loss.clip_low,
                                   cfg.loss.clip_high, cfg.loss.dual_clip, agg, normaliser)
         ent = aggregate(entropy, mask, agg, normaliser)
-        aux = {"actor/pg_loss": loss, "actor/pg_clipfrac": stats.clipfrac_upper,
-               "actor/pg_clipfrac_lower": stats.clipfrac_lower, "actor/ppo_kl": stats.approx_kl,
+        # verl's names with verl's meaning (either band; the dual-clip share), and this
+        # project's split of the bands under names of its own.
+        aux = {"actor/pg_loss": loss, "actor/pg_clipfrac": stats.clipfrac,
+               "actor/pg_clipfrac_lower": stats.clipfrac_dual,
+               "actor/pg_clipfrac_high": stats.clipfrac_upper,
+               "actor/pg_clipfrac_low": stats.clipfrac_lower, "actor/ppo_kl": stats.approx_kl,
                "actor/entropy_kept": aggregate(entropy, mask)}  # token mean, as actor/entropy
         total = loss - cfg.loss.entropy_coef * ent
         if cfg.loss.kl_coef > 0:
