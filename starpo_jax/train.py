@@ -44,7 +44,7 @@ from flax import nnx
 
 from starpo_jax import advantages as adv_lib
 from starpo_jax.collapse import collapse_step_metrics
-from starpo_jax.config import TrainConfig
+from starpo_jax.config import ESTIMATOR_PARAMS, TrainConfig
 from starpo_jax.failures import failure_fractions
 from starpo_jax.filtering import GroupSelection, gather_group_rows, select_groups
 from starpo_jax.forward import (accumulated_grad, in_row_slices, sequence_logprobs,
@@ -191,18 +191,20 @@ def token_rewards(batch: Rollout, placement: str) -> jax.Array:
 def advantages(config: TrainConfig, batch: Rollout, values: jax.Array | None,
                ) -> tuple[jax.Array, jax.Array | None]:
     """(advantages, returns | None) [R, L] of config.estimator (a name in the advantage
-    registry), called with the AdvantageConfig values its signature names."""
+    registry), called with the AdvantageConfig values its signature names (ESTIMATOR_PARAMS;
+    TrainConfig refuses a value set for a parameter the estimator does not have)."""
     a = config.advantage
     inputs = adv_lib.AdvantageInputs(
         token_rewards=token_rewards(batch, a.reward_placement), reply_mask=batch.loss_mask,
         values=values, turn_ids=batch.turn_ids,
-        scores=batch.scores.reshape(-1, config.rollout.group_size))
+        scores=batch.scores.reshape(-1, config.rollout.group_size),
+        turn_rewards=batch.turn_rewards + batch.format_penalties,
+        turn_anchors=batch.turn_anchors)
     fn = adv_lib.get_advantage_estimator(config.estimator)
-    offered = {"gamma": a.gamma, "lam": a.lam, "gamma_turn": a.gamma_turn, "mode": a.grpo_mode}
-    if a.whiten is not None:
-        offered["whiten_advantages"] = a.whiten
     accepted = inspect.signature(fn).parameters
-    return fn(inputs, **{k: v for k, v in offered.items() if k in accepted})
+    offered = {param: getattr(a, field) for field, param in ESTIMATOR_PARAMS.items()
+               if param in accepted and getattr(a, field) is not None}
+    return fn(inputs, **offered)
 
 
 def _mean(x: jax.Array, where: jax.Array) -> jax.Array:
@@ -217,8 +219,10 @@ def logprob_diff(behaviour: jax.Array, logp: jax.Array, mask: jax.Array) -> Metr
             "rollout/logprob_diff_max": jnp.max(jnp.where(mask, diff, 0.0))}
 
 
-def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
-    """Statistics of the whole rollout and of its kept rows (the original's names)."""
+def rollout_metrics(out: Rollout, batch: Batch, group: int) -> Metrics:
+    """Statistics of the whole rollout and of its kept rows (the original's names, and
+    rollout/anchor_share: GiGPO's share of taken turns whose start state another turn of the
+    group shares). group: rollout.group_size."""
     kept, selection = batch.rollout, batch.selection
     reward = out.scores_without_penalty
     # The groups really kept (a variable-count strategy keeps fewer than the static bound).
@@ -249,6 +253,8 @@ def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
         # The sampler's entropy over every rolled-out row (the collapse monitor's signal; the
         # kept rows alone are the highest-std groups and would bias it upward).
         "actor/entropy": aggregate(out.behaviour_entropy, out.loss_mask),
+        **({} if out.turn_anchors is None else {
+            "rollout/anchor_share": adv_lib.anchor_share(out.turn_anchors, group)}),
         **{f"train/failure/{kind}": value
            for kind, value in failure_fractions(out.failure).items()},
     }
@@ -477,7 +483,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
             state, more = jax.lax.scan(again, state, keys[1:])
             aux = {k: (v + more[k].sum()) / (1 if k in SKIPPED_UPDATES else opt.rollout_reuse)
                    for k, v in aux.items()}
-        metrics = rollout_metrics(out, batch)
+        metrics = rollout_metrics(out, batch, group)
         metrics.update(aux, **collapse)
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics
