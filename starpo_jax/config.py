@@ -18,7 +18,8 @@ import inspect
 
 from starpo_jax.advantages import (advantage_estimator_names, estimator_uses_critic,
                                    get_advantage_estimator)
-from starpo_jax.filtering import FILTER_MODES, FILTER_STRATEGIES, TOP_P_WEIGHTS, kept_bound
+from starpo_jax.filtering import (FILTER_METRICS, FILTER_MODES, FILTER_STRATEGIES, LOSS_SCALINGS,
+                                  TOP_P_WEIGHTS, kept_bound)
 from starpo_jax.losses import AGG_MODES
 from starpo_jax.models.config import LORA_TARGETS  # "all-linear": all of them, as the original
 from starpo_jax.models.sampler_weights import SAMPLER_DTYPES
@@ -148,6 +149,14 @@ class FilterConfig:
     filter_type "largest"), "std_rev" the smallest. Only the active strategy's parameter is
     read. RAGEN-2's recommendation: strategy="top_p", top_p=0.9, "linear", include_zero=False.
 
+    metric (the original's rollout_filter_metric): what the groups are ranked by,
+    "reward_variance" (the in-group std, the default), "reward" / "reward_sum" (the mean /
+    sum of the group's scores), "entropy" / "entropy_variance" (the mean / std over the group
+    of each trajectory's mean sampled-token entropy, the sampler's), "length" (the mean count of
+    sampled tokens). loss_scaling (the original's filter_loss_scaling) multiplies the
+    advantages by the share of the P groups really kept ("linear") or its square root
+    ("sqrt"); "none" leaves them.
+
     The batch has a static number of groups (TrainConfig.kept_groups): top_k's count,
     keep_groups, or for top_p / min_p all P groups, of which those not kept are masked out of
     the loss. max_groups (None = no cap) caps that number: fewer rows to compute, and when more
@@ -164,10 +173,14 @@ class FilterConfig:
     include_zero: bool = True
     mode: str = "std"  # "std" keeps the most uncertain groups, "std_rev" the least
     max_groups: int | None = None
+    metric: str = "reward_variance"
+    loss_scaling: str = "none"
 
     def __post_init__(self) -> None:
         o = "filter"
         _choice(o, "strategy", self.strategy, FILTER_STRATEGIES)
+        _choice(o, "metric", self.metric, FILTER_METRICS)
+        _choice(o, "loss_scaling", self.loss_scaling, LOSS_SCALINGS)
         _number(o, "keep_ratio", self.keep_ratio, 0.0, 1.0, low_open=True)
         _int(o, "keep_groups", self.keep_groups)
         _number(o, "top_p", self.top_p, 0.0, 1.0, low_open=True)

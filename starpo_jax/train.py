@@ -46,7 +46,8 @@ from starpo_jax import advantages as adv_lib
 from starpo_jax.collapse import collapse_step_metrics
 from starpo_jax.config import ESTIMATOR_PARAMS, TrainConfig
 from starpo_jax.failures import failure_fractions
-from starpo_jax.filtering import GroupSelection, gather_group_rows, select_groups
+from starpo_jax.filtering import (VALUE_METRICS, GroupSelection, gather_group_rows, kept_share,
+                                  select_groups)
 from starpo_jax.forward import (accumulated_grad, in_row_slices, sequence_logprobs,
                                 sequence_values)
 from starpo_jax.losses import aggregate, aggregate_normaliser, kl_penalty, policy_loss, value_loss
@@ -205,6 +206,19 @@ def advantages(config: TrainConfig, batch: Rollout, values: jax.Array | None,
     offered = {param: getattr(a, field) for field, param in ESTIMATOR_PARAMS.items()
                if param in accepted and getattr(a, field) is not None}
     return fn(inputs, **offered)
+
+
+def filter_values(out: Rollout, metric: str) -> jax.Array | None:
+    """The per-trajectory values a filter metric ranks by besides the scores: [B] float32 mean
+    sampled-token entropy (the sampler's, at the rollout temperature: the trainer's own up to
+    rounding) for the entropy metrics, sampled-token count for "length"; None otherwise."""
+    if metric not in VALUE_METRICS:
+        return None
+    mask = out.loss_mask.astype(jnp.float32)
+    count = mask.sum(-1)
+    if metric == "length":
+        return count
+    return jnp.sum(out.behaviour_entropy * mask, -1) / jnp.maximum(count, 1.0)
 
 
 def _mean(x: jax.Array, where: jax.Array) -> jax.Array:
@@ -414,7 +428,9 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     def prepare(state: TrainState, out: Rollout, ref_logp: jax.Array | None = None) -> Batch:
         """Filter, then (with the current weights) reference / old log-probs, values and
         advantages of the kept rows. ref_logp: the reference log-probs of an earlier round."""
-        selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter)
+        per_row = filter_values(out, config.filter.metric)
+        selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter,
+                                  None if per_row is None else per_row.reshape(-1, group))
         kept = gather_group_rows(out, selection.indices, group)
         # Groups not really kept stay in the static batch but out of every loss and statistic.
         kept = constrain(kept.replace(
@@ -432,6 +448,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         # With `kept` inside, the mark waits for the rollout even when nothing was computed.
         old_logp, values, kept = mark(phase_clock, "old_logprobs", (old_logp, values, kept))
         adv, returns = advantages(config, kept, values)
+        adv = adv * kept_share(selection, config.filter)  # filter.loss_scaling
         return Batch(rollout=kept, selection=selection, advantages=adv, returns=returns,
                      old_values=values, old_logp=old_logp, ref_logp=ref_logp)
 
