@@ -11,8 +11,9 @@
 
 `prepare` and `update` take any `Rollout`, however it was produced (a JAX env's compiled
 rollout, or a host-driven one). One iteration: rollout -> uncertainty filter on the summed env
-rewards (K of P groups kept, static shapes [K * N, L]) -> Online-k rounds of { old log-probs
-and critic values with the current weights, advantages from the registry, ppo_epochs passes of
+rewards' in-group std or another filter.metric (K of P groups kept, static shapes [K * N, L])
+-> Online-k rounds of { old log-probs and critic values with the current weights, advantages
+from the registry (times filter.loss_scaling's kept share), ppo_epochs passes of
 mini-batches of `optim.minibatch_rows` rows (AdamW; a mini-batch's gradient may be summed over
 optim.micro_batches row slices, and the forwards without a gradient run in as many slices) }
 -> a flat dict of float32 metrics. A mini-batch update whose loss or gradients are not finite
@@ -219,6 +220,15 @@ def filter_values(out: Rollout, metric: str) -> jax.Array | None:
     if metric == "length":
         return count
     return jnp.sum(out.behaviour_entropy * mask, -1) / jnp.maximum(count, 1.0)
+
+
+def filter_selection(out: Rollout, config: TrainConfig) -> GroupSelection:
+    """The uncertainty filter's choice of groups for this rollout (config.filter; the scores
+    without the format penalty, and the per-row values its metric ranks by)."""
+    group = config.rollout.group_size
+    per_row = filter_values(out, config.filter.metric)
+    return select_groups(out.scores_without_penalty.reshape(-1, group), config.filter,
+                         None if per_row is None else per_row.reshape(-1, group))
 
 
 def _mean(x: jax.Array, where: jax.Array) -> jax.Array:
@@ -428,9 +438,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     def prepare(state: TrainState, out: Rollout, ref_logp: jax.Array | None = None) -> Batch:
         """Filter, then (with the current weights) reference / old log-probs, values and
         advantages of the kept rows. ref_logp: the reference log-probs of an earlier round."""
-        per_row = filter_values(out, config.filter.metric)
-        selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter,
-                                  None if per_row is None else per_row.reshape(-1, group))
+        selection = filter_selection(out, config)
         kept = gather_group_rows(out, selection.indices, group)
         # Groups not really kept stay in the static batch but out of every loss and statistic.
         kept = constrain(kept.replace(
