@@ -37,17 +37,6 @@ from starpo_jax.models.export import (DEFAULT_MAX_SHARD_SIZE, check_out_dir,  # 
 from starpo_jax.models.lora import adapted  # noqa: E402
 
 
-def read_run_config(workdir: Path) -> dict[str, Any]:
-    """The config.json experiments/run.py wrote into `workdir`, checked by api.train_config."""
-    path = workdir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(workdir)!r} has no config.json; expected the --workdir of "
-                                "a run of experiments/run.py")
-    config = json.loads(path.read_text())
-    api.train_config(config)
-    return config
-
-
 def checkpoint_manager(workdir: Path) -> tuple[ocp.CheckpointManager, list[int]]:
     """The run's checkpoints/ opened read-only (nothing is created or deleted), and its saved
     steps in order. FileNotFoundError when there are none."""
@@ -85,23 +74,23 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, *, step: int 
     """
     workdir = Path(workdir)
     check_out_dir(Path(out), overwrite)  # before the slow part
-    config = read_run_config(workdir)
+    config, _ = api.read_run_config(workdir)
     manager, steps = checkpoint_manager(workdir)
     try:
         step = steps[-1] if step is None else step
         if step not in steps:
             raise ValueError(f"no checkpoint of step {step} in {str(workdir)!r}; saved steps: "
                              f"{steps}")
-        model, tokenizer = load_pretrained(config["model"]["source"], config["model"]["dtype"])
+        model, tokenizer = load_pretrained(config.model.source, config.model.dtype)
         # The run's policy structure (LoRA: with adapters, whose values the checkpoint holds).
         model = adapted(model, api.train_config(config).lora, jax.random.PRNGKey(0))
         actor = restore_actor(manager, step, nnx.state(model))
     finally:
         manager.close()
-    source_generation = Path(config["model"]["source"]) / "generation_config.json"
+    source_generation = Path(config.model.source) / "generation_config.json"
     generation = json.loads(source_generation.read_text()) if source_generation.is_file() else None
     path = save_pretrained(actor, model.config, tokenizer, out,
-                           dtype=dtype or config["model"]["dtype"],
+                           dtype=dtype or config.model.dtype,
                            max_shard_size=max_shard_size, overwrite=overwrite,
                            generation_config=generation)
     return step, path
