@@ -4,9 +4,9 @@
     python experiments/export.py --workdir runs/bandit --out exported/bandit --step 20 \
         --dtype bfloat16 --overwrite
 
-Reads the run's config.json (model.source and model.dtype), rebuilds the model and
-tokenizer with load_pretrained, restores the actor of the newest checkpoint under checkpoints/
-(or of --step N) and writes it with starpo_jax.models.export.save_pretrained: config.json,
+Reads the run's config.json (api.read_run_config: model.source and model.dtype), rebuilds the
+model and tokenizer with load_pretrained, restores the actor of the newest checkpoint under
+checkpoints/ (or of --step N) and writes it with starpo_jax.models.export.save_pretrained: config.json,
 safetensors weights (sharded above --max_shard_size), generation_config.json and the tokenizer
 with its chat template. The critic is not exported; a LoRA run's adapters are merged into the
 weights (W + A B * alpha / rank), so the directory is a plain model. The result loads with
@@ -20,7 +20,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

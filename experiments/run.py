@@ -7,7 +7,8 @@
 
 A bare config name resolves to experiments/configs/; keys and switches are documented in
 starpo_jax.api.default_config. The workdir gets config.json, metrics.jsonl (one JSON object
-per step: "step" and the metric names), TensorBoard events (tensorboard/) and orbax
+per step: "step" and the metric names), TensorBoard events (tensorboard/; with
+logging.wandb=True also a Weights & Biases run, wandb/ and wandb_run_id) and orbax
 checkpoints (checkpoints/, every `checkpoint_every` steps, the newest `keep_checkpoints` kept,
 and always at the end), and with `eval_every` / `sample_every` evaluation metrics (val/, the
 same files) and sample conversations (samples/step_<N>.txt). A host env (envs_host, named like
@@ -260,9 +261,11 @@ def cost_lines(step_seconds: float, steps: int, env: str) -> list[str]:
     """What the run will cost by the step-time estimate, and, when that is far beyond a CPU
     session, the CPU-sized config of the same game (or the quickstart's)."""
     total = step_seconds * steps
+    plural = "s" * (steps != 1)
     lines = [f"estimated time on this CPU: ~{human_duration(step_seconds)} a step, "
-             f"~{human_duration(total)} for the {steps} steps to run (autofit's step-time model "
-             "of a 2-core CPU, every reply at its full token budget; evaluations not included)"]
+             f"~{human_duration(total)} for the {steps} step{plural} to run (autofit's step-time "
+             "model of a 2-core CPU, every reply at its full token budget; evaluations not "
+             "included)"]
     if total > CPU_SESSION_SECONDS:
         name = f"{env}_cpu.py" if (CONFIG_DIR / f"{env}_cpu.py").is_file() else "quickstart.py"
         game = "the same game" if name.startswith(env) else "a run"

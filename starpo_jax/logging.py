@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -94,7 +95,7 @@ class WandbWriter:
         import wandb  # imported here: an optional extra, only runs that log to it need it
 
         id_path = workdir / WANDB_ID_FILE
-        run_id = id_path.read_text().strip() if id_path.exists() else wandb.util.generate_id()
+        run_id = id_path.read_text().strip() if id_path.exists() else secrets.token_hex(4)
         id_path.write_text(run_id + "\n")
         self._run = wandb.init(project=project, name=name or workdir.name, id=run_id,
                                resume="allow", dir=str(workdir), config=dict(config))
@@ -118,7 +119,9 @@ def process_age() -> float | None:
 
 
 def human_duration(seconds: float) -> str:
-    """A rough duration as people say it: "40 s", "18 min", "5.2 h", "4.7 days"."""
+    """A rough duration as people say it: "0.31 s", "40 s", "18 min", "5.2 h", "4.7 days"."""
+    if seconds < 10:
+        return f"{seconds:.2g} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 2 * 3600:

@@ -211,7 +211,9 @@ def _error_line(error: BaseException) -> str:
 # evaluate.py's main calls evaluate_workdir(workdir, step, overrides) and reports ValueError and
 # FileNotFoundError: (workdir setup, overrides, substrings of the error line).
 EVAL_CASES = [
-    ("none", {}, ["config.json does not exist", "experiments/run.py --workdir"]),
+    ("none", {}, ["config.json does not exist", "expected the --workdir of a run of "
+                  "experiments/run.py"]),
+    ("file", {}, ["is a file, not a directory", "expected the --workdir of a run"]),
     ("no_checkpoints", {}, ["checkpoints does not exist", "no checkpoint saved"]),
     ("bad_json", {}, ["config.json is not valid JSON", "experiments/run.py"]),
     ("hand_edited", {}, ["config.rollout.groups = 'four' is invalid", "an int"]),
@@ -229,7 +231,10 @@ EVAL_CASES = [
                          ids=[f"{c[0]}-{','.join(c[1])}" for c in EVAL_CASES])
 def test_evaluate_rejects(tmp_path, setup, overrides, expected):
     config = tiny_config().to_dict()
-    if setup != "none":
+    workdir = tmp_path / "file" if setup == "file" else tmp_path
+    if setup == "file":
+        workdir.write_text("")
+    elif setup != "none":
         text = json.dumps(config)
         if setup == "bad_json":
             text = text[: len(text) // 2]
@@ -242,7 +247,7 @@ def test_evaluate_rejects(tmp_path, setup, overrides, expected):
         (tmp_path / "checkpoints").mkdir()
     before = sorted(tmp_path.rglob("*"))
     with pytest.raises((ValueError, FileNotFoundError)) as error:
-        evaluate.evaluate_workdir(tmp_path, None, overrides)
+        evaluate.evaluate_workdir(workdir, None, overrides)
     line = _error_line(error.value)
     for text in expected:
         assert text in line, line
