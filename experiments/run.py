@@ -215,7 +215,7 @@ def _train(exp: api.Experiment, workdir: Path, resume: bool, stop: threading.Eve
     watch.saved_step = checkpoints.latest_step if resume else None
     check_free_space(workdir, sum(x.nbytes for x in jax.tree.leaves(exp.state)))
     record = _check_memory(exp, workdir if resume else None, primary)
-    watch.step_seconds = api.step_seconds_estimate(exp)
+    watch.step_seconds = exp.estimated_step_seconds()
     if primary and watch.step_seconds is not None:
         print("\n".join(cost_lines(watch.step_seconds, c.steps - exp.steps_done, c.env.name)),
               flush=True)

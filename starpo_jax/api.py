@@ -122,6 +122,17 @@ class Experiment:
     def steps_done(self) -> int:
         return int(self.state.step)
 
+    def estimated_step_seconds(self) -> float | None:
+        """autofit's step-time model (fitted to a 2-core CPU's measured phases, every reply at
+        its full budget) for this step with its current settings, in seconds; None where the
+        model does not apply (a host env's rollout steps Python envs, a multi-device mesh, an
+        accelerator)."""
+        if (self.config.env.name in envs_host.names() or self.mesh is not None
+                or jax.default_backend() != "cpu"):
+            return None
+        return autofit.relative_time(step_shape(self), self.train,
+                                     autofit.Settings.of(self.train)) / 1e3
+
 
 def _phase_clock(after: float, steps: int, train: TrainConfig,
                  mesh: jax.sharding.Mesh | None) -> StepProgress | None:
@@ -230,16 +241,6 @@ def step_shape(exp: Experiment) -> autofit.StepShape:
                                 buffer_length(exp.codec, exp.train.rollout),
                                 sum(x.nbytes for x in jax.tree.leaves(exp.state)),
                                 shared_width(exp.train, exp.codec, exp.mesh))
-
-
-def step_seconds_estimate(exp: Experiment) -> float | None:
-    """autofit's step-time model (fitted to a 2-core CPU's measured phases) for `exp`'s step
-    with its current settings, in seconds; None where the model does not apply (a host env's
-    rollout steps Python envs, a multi-device mesh, an accelerator)."""
-    if (exp.config.env.name in envs_host.names() or exp.mesh is not None
-            or jax.default_backend() != "cpu"):
-        return None
-    return autofit.relative_time(step_shape(exp), exp.train, autofit.Settings.of(exp.train)) / 1e3
 
 
 def _choose(exp: Experiment, free: int, where: str,
