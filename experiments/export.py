@@ -6,9 +6,9 @@
 
 Reads the run's config.json (api.read_run_config: model.source and model.dtype), rebuilds the
 model and tokenizer with load_pretrained, restores the actor of the newest checkpoint under
-checkpoints/ (or of --step N) and writes it with starpo_jax.models.export.save_pretrained: config.json,
-safetensors weights (sharded above --max_shard_size), generation_config.json and the tokenizer
-with its chat template. The critic is not exported; a LoRA run's adapters are merged into the
+checkpoints/ (or of --step N) and writes it with starpo_jax.models.export.save_pretrained:
+config.json, safetensors weights (sharded above --max_shard_size), generation_config.json and
+the tokenizer with its chat template (files mode 0644). The critic is not exported; a LoRA run's adapters are merged into the
 weights (W + A B * alpha / rank), so the directory is a plain model. The result loads with
 `transformers.AutoModelForCausalLM.from_pretrained(out)` and with our own `load_pretrained(out)`.
 """
