@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -39,6 +41,8 @@ _OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator
 # The memory knobs (autofit.KNOBS): None by default = chosen from the compiled memory plan and
 # the free memory (check_memory); a value is used as given.
 AUTO = {"optim": ("micro_batches", "remat"), "rollout": ("cache_dtype", "chunks")}
+# Installed packages name their env modules under this entry-point group (load_env_entry_points).
+ENV_ENTRY_POINTS = "starpo_jax.envs"
 # A run's workdir holds its config as JSON (experiments/run.py), with the memory settings
 # chosen for the unset knobs under this key (autofit.Choice.record(); not a config key).
 RUN_CONFIG_FILE = "config.json"
@@ -267,10 +271,32 @@ def _check_logging(section: ConfigDict) -> None:
                   "a W&B project name")
 
 
+@functools.cache
+def load_env_entry_points() -> tuple[str, ...]:
+    """Loads, once per process, every entry point of the group ENV_ENTRY_POINTS that installed
+    packages declare (`[project.entry-points."starpo_jax.envs"] mine = "mypkg.envs"`): a
+    module is imported (its envs register themselves), a function (`"mypkg.envs:register"`)
+    is called. Returns the entry points' names. Raises ValueError naming one that fails."""
+    loaded = []
+    for point in importlib.metadata.entry_points(group=ENV_ENTRY_POINTS):
+        try:
+            target = point.load()
+            if callable(target):
+                target()
+        except Exception as error:  # a broken plugin: named, with its own message
+            raise ValueError(f"entry point {point.name} = {point.value!r} of the group "
+                             f"{ENV_ENTRY_POINTS!r} failed: {type(error).__name__}: "
+                             f"{error}") from error
+        loaded.append(point.name)
+    return tuple(loaded)
+
+
 def import_env_modules(modules: str) -> None:
-    """Imports the comma-separated `modules` (config env.module), from the Python path or the
-    current directory: a user's envs register themselves when their module is imported.
-    Raises ValueError naming a module that cannot be found."""
+    """Loads the installed packages' env entry points (load_env_entry_points), then imports the
+    comma-separated `modules` (config env.module), from the Python path or the current
+    directory: a user's envs register themselves when their module is imported. Raises
+    ValueError naming a module that cannot be found."""
+    load_env_entry_points()
     names = _names(modules) if isinstance(modules, str) else ()
     require_valid("env.module", modules, isinstance(modules, str), "comma-separated module names")
     if names and os.getcwd() not in sys.path and "" not in sys.path:

@@ -2,8 +2,8 @@
 its default settings (tiny model): run -> evaluate -> export -> the export loaded by
 transformers gives the checkpoint's greedy tokens -> --resume with more steps; a stop heard at
 once while the main thread is inside a compiled call, a second one ending the run at once;
-the cost line before step 1; a user's own env module trained by name; Weights & Biases in
-offline mode."""
+the cost line before step 1; a user's own env module trained by name, and a package's envs
+found by entry point; Weights & Biases in offline mode."""
 
 from __future__ import annotations
 
@@ -272,3 +272,34 @@ def test_weights_and_biases_in_offline_mode(tmp_path, monkeypatch):
                                                                    if k != "step"}) for r in rows]
     [stored] = (tmp_path / "w" / "wandb").glob(f"offline-run-*-{made.id}/run-{made.id}.wandb")
     assert stored.stat().st_size > 0, "written for `wandb sync`"
+
+
+def test_an_installed_package_registers_its_envs_by_entry_point(tmp_path, monkeypatch):
+    """A distribution on the path whose `starpo_jax.envs` entry point names its env module:
+    its env is valid by name with nothing else said (as after `pip install mypkg`)."""
+    import envs_host.registry
+    from starpo_jax import run_config
+
+    (tmp_path / "coin_envs.py").write_text(
+        "import envs_host\n\n\nclass Coin(envs_host.HostEnv):\n"
+        "    def reset(self, seed):\n        return 'Heads or tails?'\n\n"
+        "    def step(self, action):\n        return 'Done.', 1.0, True, {'success': True}\n\n\n"
+        "envs_host.register('coin', Coin)\n")
+    info = tmp_path / "coin_envs-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: coin-envs\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[starpo_jax.envs]\ncoin = coin_envs\n")
+    config = api.default_config()
+    config.env.name = "coin"
+    with pytest.raises(ValueError, match="config.env.name = 'coin' is invalid"):
+        api.train_config(config)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # "coin" registered for this test only: the registry as it was comes back afterwards.
+    monkeypatch.setattr(envs_host.registry, "_REGISTRY", dict(envs_host.registry._REGISTRY))
+    run_config.load_env_entry_points.cache_clear()
+    try:
+        assert api.train_config(config).rollout.max_turns == 5  # EnvSettings' default
+        assert "coin" in run_config.load_env_entry_points()
+    finally:
+        run_config.load_env_entry_points.cache_clear()
+        sys.modules.pop("coin_envs", None)
