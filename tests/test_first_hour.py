@@ -300,6 +300,14 @@ def test_an_installed_package_registers_its_envs_by_entry_point(tmp_path, monkey
     try:
         assert api.train_config(config).rollout.max_turns == 5  # EnvSettings' default
         assert "coin" in run_config.load_env_entry_points()
+        broken = tmp_path / "broken_envs-0.1.dist-info"
+        broken.mkdir()
+        (broken / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-envs\nVersion: 0.1\n")
+        (broken / "entry_points.txt").write_text("[starpo_jax.envs]\nbroken = no_such_envs\n")
+        run_config.load_env_entry_points.cache_clear()
+        with pytest.raises(ValueError, match=r"^entry point broken = 'no_such_envs' of the group "
+                           r"'starpo_jax.envs' failed: ModuleNotFoundError: No module named"):
+            api.train_config(config)
     finally:
         run_config.load_env_entry_points.cache_clear()
         sys.modules.pop("coin_envs", None)
