@@ -57,14 +57,14 @@ from bench_sampler import matmul_peak  # noqa: E402
 from suites import load_config  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
-from starpo_jax.filtering import select_groups  # noqa: E402
 from starpo_jax.flops import phase_flops  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.phases import phase_name  # noqa: E402
 from starpo_jax.sweep import parse_overrides, setting_config  # noqa: E402
 from starpo_jax.rollout import buffer_length  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
-from starpo_jax.train import init_train_state, make_train_fns, make_train_step  # noqa: E402
+from starpo_jax.train import (filter_selection, init_train_state, make_train_fns,  # noqa: E402
+                              make_train_step)
 
 
 PHASES = ("rollout", "old_logprobs", "update")
@@ -176,7 +176,7 @@ def _counting_step(fns, config: TrainConfig):
         rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
         out = fns.rollout(state, rollout_key)
         state, metrics = fns.learn(state, out, update_key)
-        selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter)
+        selection = filter_selection(out, config)
         lengths = out.lengths.reshape(-1, group)
         prefix = out.prompt_lengths.reshape(-1, group)[:, 0]
         return state, metrics, (lengths, prefix, lengths[selection.indices],

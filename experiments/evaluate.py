@@ -29,22 +29,14 @@ from starpo_jax import api, cli  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.evaluation import summary_table  # noqa: E402
 
-def run_config(workdir: Path, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The run's config.json with `overrides` ({"eval.episodes": 32, ...}) applied."""
-    path = workdir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: is {workdir} a run's workdir "
-                                "(experiments/run.py --workdir)?")
+def run_config(workdir: Path, overrides: Mapping[str, Any]) -> api.ConfigDict:
+    """The run's config (api.read_run_config) with `overrides` ({"eval.episodes": 32, ...})
+    applied and checked."""
     foreign = sorted(k for k in overrides if not k.startswith("eval."))
     if foreign:
         raise ValueError(f"only eval.* keys may be overridden when evaluating a run; got {foreign}")
-    try:
-        config = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); it is the config.json that "
-                         "experiments/run.py writes in its workdir") from None
-    section = config.setdefault("eval", {})
-    section.update({key.split(".", 1)[1]: value for key, value in overrides.items()})
+    config, _ = api.read_run_config(workdir)
+    config.eval.update({key.split(".", 1)[1]: value for key, value in overrides.items()})
     api.train_config(config)
     return config
 

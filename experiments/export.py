@@ -4,11 +4,11 @@
     python experiments/export.py --workdir runs/bandit --out exported/bandit --step 20 \
         --dtype bfloat16 --overwrite
 
-Reads the run's config.json (model.source and model.dtype), rebuilds the model and
-tokenizer with load_pretrained, restores the actor of the newest checkpoint under checkpoints/
-(or of --step N) and writes it with starpo_jax.models.export.save_pretrained: config.json,
-safetensors weights (sharded above --max_shard_size), generation_config.json and the tokenizer
-with its chat template. The critic is not exported; a LoRA run's adapters are merged into the
+Reads the run's config.json (api.read_run_config: model.source and model.dtype), rebuilds the
+model and tokenizer with load_pretrained, restores the actor of the newest checkpoint under
+checkpoints/ (or of --step N) and writes it with starpo_jax.models.export.save_pretrained:
+config.json, safetensors weights (sharded above --max_shard_size), generation_config.json and
+the tokenizer with its chat template (files mode 0644). The critic is not exported; a LoRA run's adapters are merged into the
 weights (W + A B * alpha / rank), so the directory is a plain model. The result loads with
 `transformers.AutoModelForCausalLM.from_pretrained(out)` and with our own `load_pretrained(out)`.
 """
@@ -20,7 +20,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -35,17 +34,6 @@ from starpo_jax.models.config import DTYPES  # noqa: E402
 from starpo_jax.models.export import (DEFAULT_MAX_SHARD_SIZE, check_out_dir,  # noqa: E402
                                       save_pretrained)
 from starpo_jax.models.lora import adapted  # noqa: E402
-
-
-def read_run_config(workdir: Path) -> dict[str, Any]:
-    """The config.json experiments/run.py wrote into `workdir`, checked by api.train_config."""
-    path = workdir / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(workdir)!r} has no config.json; expected the --workdir of "
-                                "a run of experiments/run.py")
-    config = json.loads(path.read_text())
-    api.train_config(config)
-    return config
 
 
 def checkpoint_manager(workdir: Path) -> tuple[ocp.CheckpointManager, list[int]]:
@@ -85,23 +73,23 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, *, step: int 
     """
     workdir = Path(workdir)
     check_out_dir(Path(out), overwrite)  # before the slow part
-    config = read_run_config(workdir)
+    config, _ = api.read_run_config(workdir)
     manager, steps = checkpoint_manager(workdir)
     try:
         step = steps[-1] if step is None else step
         if step not in steps:
             raise ValueError(f"no checkpoint of step {step} in {str(workdir)!r}; saved steps: "
                              f"{steps}")
-        model, tokenizer = load_pretrained(config["model"]["source"], config["model"]["dtype"])
+        model, tokenizer = load_pretrained(config.model.source, config.model.dtype)
         # The run's policy structure (LoRA: with adapters, whose values the checkpoint holds).
         model = adapted(model, api.train_config(config).lora, jax.random.PRNGKey(0))
         actor = restore_actor(manager, step, nnx.state(model))
     finally:
         manager.close()
-    source_generation = Path(config["model"]["source"]) / "generation_config.json"
+    source_generation = Path(config.model.source) / "generation_config.json"
     generation = json.loads(source_generation.read_text()) if source_generation.is_file() else None
     path = save_pretrained(actor, model.config, tokenizer, out,
-                           dtype=dtype or config["model"]["dtype"],
+                           dtype=dtype or config.model.dtype,
                            max_shard_size=max_shard_size, overwrite=overwrite,
                            generation_config=generation)
     return step, path

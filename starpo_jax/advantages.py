@@ -1,4 +1,5 @@
-"""Advantage estimators for multi-turn trajectories: GAE, bi-level GAE and GRPO.
+"""Advantage estimators for multi-turn trajectories: GAE, bi-level GAE, GRPO, GiGPO, RLOO and
+REINFORCE++ (with and without the group baseline).
 
 A trajectory is one token row [T] holding every turn: environment/template tokens (mask 0), the
 model's replies (mask 1) and padding (mask 0). Only reply tokens are decisions, so the token MDP
@@ -182,10 +183,13 @@ def grpo(scores: jax.Array, mode: str = "mean_std", eps: float = 1e-6) -> jax.Ar
         raise ValueError(f"scores must be [P, N]; got shape {scores.shape}")
     if mode == "none" or scores.shape[1] == 1:
         return scores
-    centred = scores - scores.mean(axis=1, keepdims=True)
+    # Shifting by one member first makes a group of equal scores exactly 0 in float32 (its mean
+    # can miss the shared value by a rounding step, e.g. 32 x 9.4, which would give +-0.5).
+    shifted = scores - scores[:, :1]
+    centred = shifted - shifted.mean(axis=1, keepdims=True)
     if mode == "mean":
         return centred
-    std = jnp.std(scores, axis=1, keepdims=True, ddof=1)
+    std = jnp.std(shifted, axis=1, keepdims=True, ddof=1)
     return jnp.where(std > eps, centred / (std + eps), 0.0)
 
 
@@ -213,7 +217,8 @@ class AdvantageInputs(NamedTuple):
     """Everything an estimator may read; fields an estimator does not need may be None.
 
     Row b of the [B, T] arrays is trajectory n of group p with b = p * N + n (group-major), so
-    B = P * N and `scores.reshape(B)` lines up with the rows.
+    B = P * N and `scores.reshape(B)` lines up with the rows. The per-turn fields are [B, K]
+    (K = max_turns).
     """
 
     token_rewards: jax.Array  # [B, T] float32, rewards on reply tokens
@@ -221,22 +226,39 @@ class AdvantageInputs(NamedTuple):
     values: jax.Array | None = None  # [B, T] float32 critic values
     turn_ids: jax.Array | None = None  # [B, T] int32 turn index on reply tokens, -1 elsewhere
     scores: jax.Array | None = None  # [P, N] float32 trajectory scores (GRPO)
+    turn_rewards: jax.Array | None = None  # [B, K] float32 each turn's reward (+ penalty)
+    # [B, K] int32 anchor-state id of each turn (equal within a group <=> the turns start from
+    # the same env state), -1 for turns not taken (GiGPO).
+    turn_anchors: jax.Array | None = None
 
 
 AdvantageEstimator = Callable[..., tuple[jax.Array, jax.Array | None]]
 _ESTIMATORS: dict[str, AdvantageEstimator] = {}
+_CRITIC_ESTIMATORS: set[str] = set()
 
 
-def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Decorator: registers `fn(inputs: AdvantageInputs, **params) -> (adv [B,T], returns|None)`."""
+def register_advantage_estimator(name: str, *, critic: bool = False,
+                                 ) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Decorator: registers `fn(inputs: AdvantageInputs, **params) -> (adv [B,T], returns|None)`.
+
+    critic: the estimator reads the critic's values and returns the critic's targets (PPO's
+    estimators); critic-free ones return None for them and train with algo "grpo"."""
 
     def decorate(fn: AdvantageEstimator) -> AdvantageEstimator:
         if name in _ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         _ESTIMATORS[name] = fn
+        if critic:
+            _CRITIC_ESTIMATORS.add(name)
         return fn
 
     return decorate
+
+
+def estimator_uses_critic(name: str) -> bool:
+    """Whether the registered estimator `name` needs the critic (registered with critic=True)."""
+    get_advantage_estimator(name)
+    return name in _CRITIC_ESTIMATORS
 
 
 def advantage_estimator_names() -> tuple[str, ...]:
@@ -258,7 +280,7 @@ def _require(inputs: AdvantageInputs, estimator: str, *fields: str) -> None:
         raise ValueError(f"advantage estimator {estimator!r} needs AdvantageInputs.{missing[0]}")
 
 
-@register_advantage_estimator("gae")
+@register_advantage_estimator("gae", critic=True)
 def _gae_estimator(
     inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0, whiten_advantages: bool = True
 ) -> tuple[jax.Array, jax.Array]:
@@ -268,7 +290,7 @@ def _gae_estimator(
     return (whiten(adv, inputs.reply_mask) if whiten_advantages else adv), returns
 
 
-@register_advantage_estimator("bi_level_gae")
+@register_advantage_estimator("bi_level_gae", critic=True)
 def _bi_level_gae_estimator(
     inputs: AdvantageInputs,
     gamma: float = 1.0,
@@ -301,3 +323,162 @@ def _grpo_estimator(
         )
     adv = broadcast_to_tokens(grpo(inputs.scores, mode, eps).reshape(batch), inputs.reply_mask)
     return (whiten(adv, inputs.reply_mask) if whiten_advantages else adv), None
+
+
+def rloo(scores: jax.Array) -> jax.Array:
+    """REINFORCE leave-one-out advantages: each score less the mean of the other N - 1 of its
+    group (verl's rloo: s_i N / (N - 1) - mean N / (N - 1)).
+
+    scores: [P, N]. With N = 1 the scores are returned unchanged (no other member: verl's
+    baseline is then 0). Returns [P, N] float32; a group of equal scores gives exactly 0.
+    """
+    scores = jnp.asarray(scores, jnp.float32)
+    if scores.ndim != 2:
+        raise ValueError(f"scores must be [P, N]; got shape {scores.shape}")
+    n = scores.shape[1]
+    if n == 1:
+        return scores
+    shifted = scores - scores[:, :1]  # exact 0 for equal groups (see `grpo`)
+    return (shifted * n - shifted.sum(axis=1, keepdims=True)) / (n - 1)
+
+
+def discounted_turn_returns(turn_rewards: jax.Array, gamma: float) -> jax.Array:
+    """R_t = sum_{k >= t} gamma^(k - t) r_k over the turns of each row: [B, K] -> [B, K].
+
+    Turns not taken come after the taken ones and hold reward 0, so they add nothing."""
+    def step(carry, x):
+        carry = x[0] + gamma * carry
+        return carry, carry
+
+    rewards = jnp.asarray(turn_rewards, jnp.float32)
+    return _reverse_scan_over_time(step, jnp.zeros(rewards.shape[:1], jnp.float32), rewards)
+
+
+def _same_anchor(anchors: jax.Array) -> jax.Array:
+    """[P, M] int32 anchor ids (-1 = no turn) -> [P, M, M] bool: i and j share an anchor."""
+    valid = anchors >= 0
+    return valid[:, :, None] & valid[:, None, :] & (anchors[:, :, None] == anchors[:, None, :])
+
+
+def anchor_ids(observations: jax.Array, taken: jax.Array, group_size: int) -> jax.Array:
+    """Exact anchor-state ids: [B, K, S] int observations of the state each turn starts from,
+    [B, K] bool turns taken -> [B, K] int32.
+
+    The id of turn (n, k) of group p is the flat index n * K + k' of the first turn of the
+    group (in that order) whose observation is identical in all S entries; -1 for turns not
+    taken. Two turns of a group share an id exactly when their observations are equal: no
+    hash, so no collisions.
+    """
+    b, k, s = observations.shape
+    obs = observations.reshape(b // group_size, group_size * k, s)
+    valid = taken.reshape(b // group_size, group_size * k)
+    same = jnp.all(obs[:, :, None, :] == obs[:, None, :, :], axis=-1)
+    same = same & valid[:, :, None] & valid[:, None, :]
+    first = jnp.argmax(same, axis=-1).astype(jnp.int32)
+    return jnp.where(valid, first, -1).reshape(b, k)
+
+
+def anchor_share(turn_anchors: jax.Array, group_size: int) -> jax.Array:
+    """Share of the taken turns (anchor >= 0) whose anchor group within their trajectory group
+    has >= 2 members: [B, K] int32 -> float32 scalar (0 with no turn taken)."""
+    anchors = jnp.asarray(turn_anchors).reshape(-1, group_size * turn_anchors.shape[1])
+    shared = _same_anchor(anchors).sum(-1) >= 2
+    taken = (anchors >= 0).sum()
+    return shared.sum() / jnp.maximum(taken, 1).astype(jnp.float32)
+
+
+def step_advantages(returns: jax.Array, anchors: jax.Array, mode: str = "mean_std",
+                    eps: float = 1e-6) -> jax.Array:
+    """GiGPO's step-level advantages: each turn's return normalised within its anchor group.
+
+    returns: [P, M] float32 turn returns; anchors: [P, M] int32 ids (-1 = no turn), the M
+    turns of group p being all turns of its N trajectories. Within the turns of a group that
+    share an anchor: "mean_std": (R - mean) / (std + eps), std unbiased, 0 where std <= eps
+    (as `grpo`); "mean": R - mean. A turn alone in its anchor group, or not taken, gets 0.
+    Returns [P, M] float32.
+    """
+    if mode not in ("mean_std", "mean"):
+        raise ValueError(f"unknown step mode {mode!r}; valid: mean_std, mean")
+    returns = jnp.asarray(returns, jnp.float32)
+    same = _same_anchor(jnp.asarray(anchors))
+    count = same.sum(-1).astype(jnp.float32)
+    # Shifted by the group's first member: equal returns give exactly 0 (as `grpo`).
+    first = jnp.argmax(same, axis=-1)
+    shifted = returns - jnp.take_along_axis(returns, first, axis=1)
+    mean = jnp.sum(jnp.where(same, shifted[:, None, :], 0.0), -1) / jnp.maximum(count, 1.0)
+    adv = shifted - mean
+    if mode == "mean_std":
+        dev = jnp.where(same, shifted[:, None, :] - mean[:, :, None], 0.0)
+        std = jnp.sqrt(jnp.sum(jnp.square(dev), -1) / jnp.maximum(count - 1.0, 1.0))
+        adv = jnp.where(std > eps, adv / (std + eps), 0.0)
+    return jnp.where(count >= 2, adv, 0.0)
+
+
+def gigpo(scores: jax.Array, turn_rewards: jax.Array, turn_anchors: jax.Array,
+          turn_ids: jax.Array, mode: str = "mean_std", step_mode: str = "mean_std",
+          step_gamma: float = 0.95, omega: float = 1.0, eps: float = 1e-6) -> jax.Array:
+    """GiGPO (group-in-group policy optimisation, Feng et al. 2025, arXiv 2505.10978).
+
+    A_E(row) = grpo(scores, mode): the episode-level advantage of each trajectory in its group.
+    A_S(row, k) = step_advantages over the turns of the group that start from the same env
+    state (anchor), of each turn's discounted return R_k = sum_{j >= k} step_gamma^(j-k) r_j.
+    Each reply token of turn k takes A_E(row) + omega * A_S(row, k); other tokens 0.
+
+    scores: [P, N]; turn_rewards, turn_anchors: [B, K] (B = P * N; anchors -1 on turns not
+    taken); turn_ids: [B, T] int32 turn of each reply token, -1 elsewhere.
+    Returns [B, T] float32.
+    """
+    p, n = jnp.shape(scores)
+    b, k = jnp.shape(turn_rewards)
+    episode = grpo(scores, mode, eps).reshape(b)
+    returns = discounted_turn_returns(turn_rewards, step_gamma).reshape(p, n * k)
+    step = step_advantages(returns, jnp.asarray(turn_anchors).reshape(p, n * k), step_mode,
+                           eps).reshape(b, k)
+    turn_ids = jnp.asarray(turn_ids)
+    per_token = jnp.take_along_axis(step, jnp.maximum(turn_ids, 0), axis=1)
+    return jnp.where(turn_ids >= 0, episode[:, None] + omega * per_token, 0.0)
+
+
+@register_advantage_estimator("gigpo")
+def _gigpo_estimator(
+    inputs: AdvantageInputs,
+    mode: str = "mean_std",
+    step_mode: str = "mean_std",
+    step_gamma: float = 0.95,
+    omega: float = 1.0,
+    eps: float = 1e-6,
+) -> tuple[jax.Array, None]:
+    """`gigpo` on the inputs (scores, turn_rewards, turn_anchors, turn_ids); no returns."""
+    _require(inputs, "gigpo", "scores", "turn_rewards", "turn_anchors", "turn_ids")
+    adv = gigpo(inputs.scores, inputs.turn_rewards, inputs.turn_anchors, inputs.turn_ids, mode,
+                step_mode, step_gamma, omega, eps)
+    return jnp.where(jnp.asarray(inputs.reply_mask) != 0, adv, 0.0), None
+
+
+@register_advantage_estimator("rloo")
+def _rloo_estimator(inputs: AdvantageInputs) -> tuple[jax.Array, None]:
+    """`rloo` of inputs.scores [P, N] on each row's reply tokens (verl's rloo); no returns."""
+    _require(inputs, "rloo", "scores")
+    batch = inputs.reply_mask.shape[0]
+    return broadcast_to_tokens(rloo(inputs.scores).reshape(batch), inputs.reply_mask), None
+
+
+@register_advantage_estimator("reinforce_plus_plus")
+def _reinforce_pp_estimator(inputs: AdvantageInputs, gamma: float = 1.0,
+                            ) -> tuple[jax.Array, None]:
+    """REINFORCE++ (verl's): each reply token's discounted return over the row's later reply
+    tokens (masked tokens skipped, as in `gae`), whitened over the batch's reply tokens."""
+    zeros = jnp.zeros(jnp.shape(inputs.token_rewards), jnp.float32)
+    # GAE with zero values and lambda 1 is the discounted return.
+    returns, _ = gae(inputs.token_rewards, zeros, inputs.reply_mask, gamma, 1.0)
+    return whiten(returns, inputs.reply_mask), None
+
+
+@register_advantage_estimator("reinforce_plus_plus_baseline")
+def _reinforce_pp_baseline_estimator(inputs: AdvantageInputs) -> tuple[jax.Array, None]:
+    """REINFORCE++ with the group baseline (verl's): each score less its group's mean (as
+    verl: unchanged for N = 1), on every reply token of the row, whitened over the batch."""
+    _require(inputs, "reinforce_plus_plus_baseline", "scores")
+    batch = inputs.reply_mask.shape[0]
+    centred = broadcast_to_tokens(grpo(inputs.scores, "mean").reshape(batch), inputs.reply_mask)
+    return whiten(centred, inputs.reply_mask), None

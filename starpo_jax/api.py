@@ -36,7 +36,7 @@ from starpo_jax.rollout import buffer_length
 from starpo_jax.run_config import (AUTO, DTYPES, ENV_SETTINGS, SECTIONS,  # noqa: F401 (API)
                                    ConfigDict, auto_knobs, config_for, config_from_train_config,
                                    default_config, eval_config, merged_config, paper_eval,
-                                   require_valid, train_config)
+                                   read_run_config, require_valid, train_config)
 from starpo_jax.sharding import make_mesh, shard_state
 from starpo_jax.text import build_codec
 from starpo_jax.train import TrainState, init_train_state, make_train_step, shared_width
@@ -126,6 +126,17 @@ class Experiment:
         """The evaluator of this experiment (build_evaluator; an SFT experiment adds its
         held-out loss)."""
         return build_evaluator(self)
+
+    def estimated_step_seconds(self) -> float | None:
+        """autofit's step-time model (fitted to a 2-core CPU's measured phases, every reply at
+        its full budget) for this step with its current settings, in seconds; None where the
+        model does not apply (a host env's rollout steps Python envs, a multi-device mesh, an
+        accelerator)."""
+        if (self.config.env.name in envs_host.names() or self.mesh is not None
+                or jax.default_backend() != "cpu"):
+            return None
+        return autofit.relative_time(step_shape(self), self.train,
+                                     autofit.Settings.of(self.train)) / 1e3
 
 
 def _phase_clock(after: float, steps: int, train: TrainConfig,
@@ -233,6 +244,14 @@ def pin_memory(exp: Experiment, settings: dict[str, Any]) -> None:
     exp.auto = ()
 
 
+def step_shape(exp: Experiment) -> autofit.StepShape:
+    """What autofit's estimates need of `exp`'s step (its current TrainConfig)."""
+    return autofit.StepShape.of(exp.train, exp.model.config,
+                                buffer_length(exp.codec, exp.train.rollout),
+                                sum(x.nbytes for x in jax.tree.leaves(exp.state)),
+                                shared_width(exp.train, exp.codec, exp.mesh))
+
+
 def _choose(exp: Experiment, free: int, where: str,
             available: Callable[[], int | None]) -> autofit.Choice:
     """autofit.choose over exp's unset knobs; exp then steps with the chosen settings, through
@@ -243,9 +262,7 @@ def _choose(exp: Experiment, free: int, where: str,
         exp.use(settings.apply(base))
         return memory_plan(exp, available).needed
 
-    shape = autofit.StepShape.of(base, exp.model.config, buffer_length(exp.codec, base.rollout),
-                                 sum(x.nbytes for x in jax.tree.leaves(exp.state)),
-                                 shared_width(base, exp.codec, exp.mesh))
+    shape = step_shape(exp)
     try:
         choice = autofit.choose(autofit.options(base, exp.auto, shape), shape, plan_of, free, where,
                                 exp.auto, shrink_hint(base))

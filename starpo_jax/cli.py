@@ -115,17 +115,16 @@ def run_app(main: Callable[[list[str]], None], argv: list[str] | None = None,
     config_file = None if config_dir is None else config_path(argv or sys.argv)
 
     def parse_flags(args: list[str]) -> list[str]:
-        """absl's parse_flags_with_usage, but a get_config() TypeError / ValueError, which
-        config_flags reports with its whole traceback, is one line."""
+        """absl's parse_flags_with_usage, but each mistake is one `error:` line like every
+        other bad value (absl's own is a two-line FATAL message; a get_config() TypeError /
+        ValueError, which config_flags reports with its whole traceback, is one line too)."""
         try:
             return flags.FLAGS(args)
         except flags.Error as error:
             text = str(error)
             if config_file and "Error whilst parsing config file" in text:
                 sys.exit(_config_failure(text, config_file))
-            sys.stderr.write(f"FATAL Flags parsing error: {text}\n"
-                             "Pass --helpshort or --helpfull to see help on flags.\n")
-            sys.exit(1)
+            sys.exit(f"error: {text} (--helpshort lists the flags)")
 
     try:
         if config_dir is not None:

@@ -14,8 +14,12 @@ import dataclasses
 import math
 from typing import Any
 
-from starpo_jax.advantages import advantage_estimator_names
-from starpo_jax.filtering import FILTER_MODES, FILTER_STRATEGIES, TOP_P_WEIGHTS, kept_bound
+import inspect
+
+from starpo_jax.advantages import (advantage_estimator_names, estimator_uses_critic,
+                                   get_advantage_estimator)
+from starpo_jax.filtering import (FILTER_METRICS, FILTER_MODES, FILTER_STRATEGIES, LOSS_SCALINGS,
+                                  TOP_P_WEIGHTS, kept_bound)
 from starpo_jax.losses import AGG_MODES
 from starpo_jax.models.config import LORA_TARGETS  # "all-linear": all of them, as the original
 from starpo_jax.models.sampler_weights import SAMPLER_DTYPES
@@ -23,6 +27,12 @@ from starpo_jax.models.sampler_weights import SAMPLER_DTYPES
 ALGOS = ("ppo", "grpo")
 MODES = ("think", "nothink")
 GRPO_MODES = ("mean_std", "mean", "none")
+STEP_MODES = ("mean_std", "mean")
+# AdvantageConfig fields -> the estimator parameter each is passed as (when the estimator's
+# signature names it).
+ESTIMATOR_PARAMS = {"gamma": "gamma", "lam": "lam", "gamma_turn": "gamma_turn",
+                    "grpo_mode": "mode", "whiten": "whiten_advantages",
+                    "step_gamma": "step_gamma", "step_mode": "step_mode", "omega": "omega"}
 REWARD_PLACEMENTS = ("trajectory", "turn")
 KL_KINDS = ("k1", "k3", "mse", "abs")
 CACHE_DTYPES = ("float32", "bfloat16")
@@ -139,6 +149,14 @@ class FilterConfig:
     filter_type "largest"), "std_rev" the smallest. Only the active strategy's parameter is
     read. RAGEN-2's recommendation: strategy="top_p", top_p=0.9, "linear", include_zero=False.
 
+    metric (the original's rollout_filter_metric): what the groups are ranked by,
+    "reward_variance" (the in-group std, the default), "reward" / "reward_sum" (the mean /
+    sum of the group's scores), "entropy" / "entropy_variance" (the mean / std over the group
+    of each trajectory's mean sampled-token entropy, the sampler's), "length" (the mean count of
+    sampled tokens). loss_scaling (the original's filter_loss_scaling) multiplies the
+    advantages by the share of the P groups really kept ("linear") or its square root
+    ("sqrt"); "none" leaves them.
+
     The batch has a static number of groups (TrainConfig.kept_groups): top_k's count,
     keep_groups, or for top_p / min_p all P groups, of which those not kept are masked out of
     the loss. max_groups (None = no cap) caps that number: fewer rows to compute, and when more
@@ -155,10 +173,14 @@ class FilterConfig:
     include_zero: bool = True
     mode: str = "std"  # "std" keeps the most uncertain groups, "std_rev" the least
     max_groups: int | None = None
+    metric: str = "reward_variance"
+    loss_scaling: str = "none"
 
     def __post_init__(self) -> None:
         o = "filter"
         _choice(o, "strategy", self.strategy, FILTER_STRATEGIES)
+        _choice(o, "metric", self.metric, FILTER_METRICS)
+        _choice(o, "loss_scaling", self.loss_scaling, LOSS_SCALINGS)
         _number(o, "keep_ratio", self.keep_ratio, 0.0, 1.0, low_open=True)
         _int(o, "keep_groups", self.keep_groups)
         _number(o, "top_p", self.top_p, 0.0, 1.0, low_open=True)
@@ -188,6 +210,14 @@ class AdvantageConfig:
     Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): grpo_mode "mean" is GRPO
     without the std normalisation (the original's `norm_adv_by_std_in_grpo: False`, which its
     config comments call Dr.GRPO); the other half of Dr.GRPO is LossConfig.agg.
+
+    GiGPO ("gigpo"): grpo_mode is its episode-level normalisation; step_gamma discounts the
+    turn rewards into each turn's return, step_mode ("mean_std" / "mean") normalises that
+    within the turns that start from the same env state, and omega weighs the step-level
+    advantage against the episode-level one.
+
+    A field set away from its default must be a parameter of the chosen estimator
+    (ESTIMATOR_PARAMS): TrainConfig refuses e.g. gamma_turn with "grpo", naming it.
     """
 
     estimator: str | None = None
@@ -197,14 +227,19 @@ class AdvantageConfig:
     grpo_mode: str = "mean_std"
     reward_placement: str = "trajectory"
     whiten: bool | None = None  # None: the estimator's own default (GAE yes, GRPO no)
+    step_gamma: float = 0.95  # GiGPO's turn-return discount
+    step_mode: str = "mean_std"  # GiGPO's step-level normalisation
+    omega: float = 1.0  # GiGPO's step-level weight
 
     def __post_init__(self) -> None:
         o = "advantage"
         if self.estimator is not None:
             _choice(o, "estimator", self.estimator, advantage_estimator_names())
-        for name in ("gamma", "lam", "gamma_turn"):
+        for name in ("gamma", "lam", "gamma_turn", "step_gamma"):
             _number(o, name, getattr(self, name), 0.0, 1.0)
         _choice(o, "grpo_mode", self.grpo_mode, GRPO_MODES)
+        _choice(o, "step_mode", self.step_mode, STEP_MODES)
+        _number(o, "omega", self.omega, 0.0, 1e3)
         _choice(o, "reward_placement", self.reward_placement, REWARD_PLACEMENTS)
         if self.whiten not in (None, True, False):
             _fail(o, "whiten", self.whiten, "None, True or False")
@@ -392,9 +427,23 @@ class TrainConfig:
             _fail("optim", "micro_batches", self.optim.micro_batches,
                   f"a divisor of the {rows} rows of a mini-batch")
         estimator = self.estimator
-        if self.algo == "grpo" and estimator in ("gae", "bi_level_gae"):
+        critic = estimator_uses_critic(estimator)
+        if self.algo == "grpo" and critic:
             _fail("advantage", "estimator", estimator, "one without a critic for algo 'grpo' "
                   "(e.g. 'grpo'), or algo 'ppo'")
+        if self.algo == "ppo" and not critic:
+            # The critic trains on the estimator's returns; critic-free ones have none.
+            _fail("advantage", "estimator", estimator, "one with a critic for algo 'ppo' "
+                  "('gae', 'bi_level_gae'), or algo 'grpo'")
+        accepted = inspect.signature(get_advantage_estimator(estimator)).parameters
+        for field in dataclasses.fields(AdvantageConfig):
+            param = ESTIMATOR_PARAMS.get(field.name)
+            value = getattr(self.advantage, field.name)
+            if param is not None and param not in accepted and value != field.default:
+                names = [f for f, p in ESTIMATOR_PARAMS.items() if p in accepted]
+                _fail("advantage", field.name, value,
+                      f"its default: estimator {estimator!r} does not read it (it reads: "
+                      f"{', '.join(names) or 'none of them'})")
 
     @property
     def estimator(self) -> str:

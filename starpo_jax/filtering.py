@@ -5,7 +5,11 @@ their scores (summed rewards WITHOUT the format penalty; the caller passes those
 are ranked by it, largest first ("std", the original's filter_type "largest") or smallest
 first ("std_rev", "smallest": the paper's ablation), and a strategy (RAGEN-2's
 `rollout_filter_strategy`, semantics as its `rollout_filter.py`) decides how many of the
-ranking to keep:
+ranking to keep. Other group scores may rank instead (`metric`, the original's
+rollout_filter_metric): "reward_variance" (the std above, the default), "reward" (the mean
+score), "reward_sum" (the summed scores), "entropy" (the mean over the group of each
+trajectory's mean token entropy), "entropy_variance" (the std of those), "length" (the mean
+count of sampled tokens); the rules below then read that score where they say std.
 
 - "top_k": K = max(1, int(keep_ratio * P)), RAGEN's rule, float rounding included:
   0.25 * 8 -> 2, 0.3 * 8 -> 2, 0.1 * 8 -> 1, 0.29 * 100 -> 28 (the product is 28.999...).
@@ -37,6 +41,11 @@ if TYPE_CHECKING:
     from starpo_jax.config import FilterConfig
 
 FILTER_STRATEGIES = ("top_k", "top_k_abs", "top_p", "min_p")
+FILTER_METRICS = ("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance",
+                  "length")
+# The metrics ranked by a per-trajectory value other than the score (`select_groups`' values).
+VALUE_METRICS = ("entropy", "entropy_variance", "length")
+LOSS_SCALINGS = ("none", "linear", "sqrt")
 FILTER_MODES = ("std", "std_rev")
 TOP_P_WEIGHTS = ("linear", "softmax")
 
@@ -83,11 +92,45 @@ def group_std(scores: jax.Array) -> jax.Array:
 
 
 class GroupSelection(NamedTuple):
-    """Which groups the filter kept, and the uncertainty it ranked them by."""
+    """Which groups the filter kept, and the score it ranked them by."""
 
     indices: jax.Array  # [Kmax] int32 candidate group indices, ascending
     kept: jax.Array  # [Kmax] bool: indices[i] is really kept (variable-count strategies)
     group_std: jax.Array  # [P] float32 std of every group's scores
+    group_score: jax.Array  # [P] float32 what the groups were ranked by (config.metric)
+
+
+def group_scores(scores: jax.Array, metric: str, values: jax.Array | None = None) -> jax.Array:
+    """The filter's ranking score of each group: [P, N] -> [P] float32 (module docstring).
+
+    scores: [P, N] trajectory scores; values: [P, N] the per-trajectory entropy (entropy
+    metrics) or sampled-token count (length), needed by those metrics only. Stds are unbiased,
+    computed as `group_std` (exactly 0 for equal members).
+    """
+    if metric not in FILTER_METRICS:
+        raise ValueError(f"unknown filter metric {metric!r}; valid: {', '.join(FILTER_METRICS)}")
+    if metric in VALUE_METRICS:
+        if values is None:
+            raise ValueError(f"filter metric {metric!r} needs per-trajectory values")
+        scores = values
+    scores = jnp.asarray(scores, jnp.float32)
+    if metric.endswith("variance"):
+        return group_std(scores)
+    if metric == "reward_sum":
+        return scores.sum(axis=1)
+    return scores.mean(axis=1)
+
+
+def kept_share(selection: GroupSelection, config: FilterConfig) -> jax.Array:
+    """The factor `filter.loss_scaling` puts on the advantages: the share of the P groups
+    really kept (the original's filter_kept_ratio) for "linear", its square root for "sqrt",
+    1 for "none". Returns a float32 scalar."""
+    share = selection.kept.sum() / jnp.float32(selection.group_std.shape[0])
+    if config.loss_scaling == "linear":
+        return share
+    if config.loss_scaling == "sqrt":
+        return jnp.sqrt(share)
+    return jnp.float32(1.0)
 
 
 def _kept_count(ranked: jax.Array, candidates: jax.Array, config: FilterConfig,
@@ -128,16 +171,21 @@ def _kept_count(ranked: jax.Array, candidates: jax.Array, config: FilterConfig,
     return jnp.where(before[count] >= threshold, count, 0)
 
 
-def select_groups(scores: jax.Array, config: FilterConfig) -> GroupSelection:
-    """Picks the groups to train on (strategies: the module docstring).
+def select_groups(scores: jax.Array, config: FilterConfig,
+                  values: jax.Array | None = None) -> GroupSelection:
+    """Picks the groups to train on (strategies and metrics: the module docstring).
 
-    scores: [P, N] trajectory scores without the format penalty.
-    config: a FilterConfig (static: strategy, its parameters, include_zero, mode, max_groups).
+    scores: [P, N] trajectory scores without the format penalty; values: [P, N] per-trajectory
+    entropy or length for those metrics (`group_scores`).
+    config: a FilterConfig (static: metric, strategy, its parameters, include_zero, mode,
+    max_groups).
     Returns GroupSelection(indices [Kmax] int32 ascending, kept [Kmax] bool, group_std [P]
-    float32), Kmax = kept_bound(P, config): the kept groups are indices[kept]; with max_groups
-    below the strategy's count, the highest-ranked max_groups of them.
+    float32, group_score [P] float32), Kmax = kept_bound(P, config): the kept groups are
+    indices[kept]; with max_groups below the strategy's count, the highest-ranked max_groups of
+    them.
     """
-    stds = group_std(scores)
+    reward_std = group_std(scores)
+    stds = group_scores(scores, config.metric, values)  # the ranked score, "std" below
     num_groups = stds.shape[0]
     bound = kept_bound(num_groups, config)
     candidates = jnp.ones(num_groups, bool) if config.include_zero else jnp.abs(stds) > _ZERO
@@ -147,7 +195,7 @@ def select_groups(scores: jax.Array, config: FilterConfig) -> GroupSelection:
     top = order[:bound]
     kept = jnp.arange(bound) < count
     ascending = jnp.argsort(top)
-    return GroupSelection(top[ascending].astype(jnp.int32), kept[ascending], stds)
+    return GroupSelection(top[ascending].astype(jnp.int32), kept[ascending], reward_std, stds)
 
 
 def gather_groups(tree: Tree, indices: jax.Array) -> Tree:

@@ -14,7 +14,9 @@ history is never prefilled again). On the host between calls: the replies are pa
 rows in parallel, action by action), and the next messages tokenised into static widths.
 The result is a `Rollout` like the compiled one's, so `prepare` / `update` train on it. It
 keeps no env states, so its `dead_end` and `looped` are None: its failure classes
-(starpo_jax.failures) are only success, format, invalid and out_of_budget.
+(starpo_jax.failures) are only success, format, invalid and out_of_budget. Its GiGPO anchors
+(`turn_anchors`) compare the observation texts each turn starts from, exactly (a dict per
+group, no hash).
 
 Seeds: `seeds` [P] if given, else drawn from the key's reset half (a run's numbers depend
 only on its key). A row whose env call fails (raised or timed out; see envs_host.pool) ends
@@ -97,6 +99,20 @@ def _group_observations(pool: EnvPool, observations: list[str | None], n: int) -
     return out
 
 
+def _anchor_ids(texts: np.ndarray, n: int) -> np.ndarray:
+    """advantages.anchor_ids on the host: [B, T] observation texts each turn started from (None
+    = not taken) -> [B, T] int32, the flat index n * T + k of the group's first turn with the
+    same text, -1 for turns not taken. Exact (texts compared as strings)."""
+    b, turns = texts.shape
+    ids = np.full((b, turns), -1, np.int32)
+    for group in range(b // n):
+        seen: dict[str, int] = {}
+        for i, text in enumerate(texts[group * n: (group + 1) * n].reshape(-1)):
+            if text is not None:
+                ids[group * n + i // turns, i % turns] = seen.setdefault(text, i)
+    return ids
+
+
 def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text: HostText,
                  config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
                  seeds: Any = None, greedy: bool = False) -> tuple[Rollout, dict[str, float]]:
@@ -157,6 +173,7 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
     effective = np.zeros(b, np.int32)
     success = np.zeros(b, bool)
     current = [o or "" for o in observations]
+    start_texts = np.full((b, turns), None, object)  # GiGPO's anchors (`_anchor_ids`)
 
     gen = _first_turn(graphdef, params, jnp.asarray(first_ids), jnp.asarray(first_n), prefix_arr,
                       jax.random.fold_in(sample_key, 0), token_bytes, options=options,
@@ -177,6 +194,7 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
             acts, ok, think = text.parse(prefix + g_tokens[row, :m].tolist())
             actions[int(row)] = acts
             per_turn["taken"][row, k], per_turn["format_ok"][row, k] = True, ok
+            start_texts[row, k] = current[row]
             per_turn["think"][row, k], per_turn["reply"][row, k] = think, m
             per_turn["penalty"][row, k] = 0.0 if ok else config.format_penalty
 
@@ -238,7 +256,8 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
                   turn_rewards=per_turn["reward"], format_penalties=per_turn["penalty"],
                   turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],
                   think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],
-                  success=success, num_actions=taken, effective_actions=effective)
+                  success=success, num_actions=taken, effective_actions=effective,
+                  turn_anchors=_anchor_ids(start_texts, n))
     stats = {"host/failed_rows": float(failed.sum()),
              "host/truncated_observations": float(truncated),
              "timing/host_env_seconds": env_seconds}

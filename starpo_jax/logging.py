@@ -1,4 +1,5 @@
-"""Metric writers for a run's workdir: JSONL, TensorBoard and a console progress line.
+"""Metric writers for a run's workdir: JSONL, TensorBoard, a console progress line and, as
+the optional extra `wandb`, Weights & Biases.
 
     writer = open_writers(workdir, total_steps=30, first_step=0)
     writer.write(step, {"train/success": 0.25, ...})    # step counts from 1
@@ -13,13 +14,16 @@ step in order.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Protocol, TextIO
+from typing import Any, Mapping, Protocol, TextIO
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_ID_FILE = "wandb_run_id"  # the workdir's Weights & Biases run, continued by --resume
 # Shown on the console line, in this order, when present.
 CONSOLE_KEYS = ("train/success", "rollout/action_is_valid", "rollout/reward_mean",
                 "rollout/reward_std", "actor/entropy", "actor/grad_norm", "critic/vf_loss",
@@ -83,6 +87,51 @@ class TensorBoardWriter:
         self._writer.close()
 
 
+class WandbWriter:
+    """Weights & Biases (`pip install -e ".[wandb]"`): one W&B run per workdir, its files under
+    <workdir>/wandb, its id kept in <workdir>/wandb_run_id so that a resumed run logs into the
+    same W&B run. WANDB_MODE=offline logs without a network (`wandb sync` uploads later)."""
+
+    def __init__(self, workdir: Path, project: str, name: str, config: Mapping[str, Any]):
+        import wandb  # imported here: an optional extra, only runs that log to it need it
+
+        id_path = workdir / WANDB_ID_FILE
+        run_id = id_path.read_text().strip() if id_path.exists() else secrets.token_hex(4)
+        id_path.write_text(run_id + "\n")
+        self._run = wandb.init(project=project, name=name or workdir.name, id=run_id,
+                               resume="allow", dir=str(workdir), config=dict(config))
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: /proc/self/stat's start time against
+    /proc/uptime), None where that cannot be read."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def human_duration(seconds: float) -> str:
+    """A rough duration as people say it: "0.31 s", "40 s", "18 min", "5.2 h", "4.7 days"."""
+    if seconds < 10:
+        return f"{seconds:.2g} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
 def format_duration(seconds: float) -> str:
     """3725.0 -> "1:02:05"."""
     seconds = int(round(seconds))
@@ -93,14 +142,17 @@ class ConsoleProgress:
     """A line every `every` steps: step/total, percent, s/step, ETA and the key metrics.
 
     The first step of a process includes compilation: it is always shown, with its own time,
-    and the rate (and ETA) counts only the steps after it. `close` prints the elapsed time and,
-    after 3 steps or more, `trend_line`: did the run learn?
+    and the rate (and ETA) counts only the steps after it. `close` prints the elapsed time,
+    since `started` (a time.perf_counter() value: the process's start for experiments/run.py)
+    or else since this object was made, and, after 3 steps or more, `trend_line`: did the run
+    learn?
     """
 
     def __init__(self, total_steps: int, first_step: int = 0, every: int = 1,
-                 stream: TextIO = sys.stdout):
+                 stream: TextIO = sys.stdout, started: float | None = None):
         self._total, self._first, self._every, self._stream = total_steps, first_step, every, stream
-        self._start = time.perf_counter()
+        self._start = time.perf_counter() if started is None else started
+        self._since = "this process's start" if started is not None else "logging began"
         self._after_first: tuple[int, float] | None = None
         self._history: list[tuple[int, dict[str, float]]] = []
 
@@ -122,7 +174,7 @@ class ConsoleProgress:
 
     def close(self) -> None:
         elapsed = format_duration(time.perf_counter() - self._start)
-        print(f"done in {elapsed} (this process)", file=self._stream, flush=True)
+        print(f"done in {elapsed} (since {self._since})", file=self._stream, flush=True)
         trend = trend_line(self._history)
         if trend:
             print(trend, file=self._stream, flush=True)
@@ -161,9 +213,11 @@ class Writers:
 
 
 def open_writers(workdir: Path, total_steps: int, first_step: int = 0, console_every: int = 1,
-                 ) -> Writers:
-    """JSONL + TensorBoard under `workdir`, and the console line every `console_every` steps."""
+                 started: float | None = None, more: tuple[MetricWriter, ...] = ()) -> Writers:
+    """JSONL + TensorBoard under `workdir`, the console line every `console_every` steps (its
+    closing time since `started`, see ConsoleProgress) and the writers in `more`."""
     workdir.mkdir(parents=True, exist_ok=True)
     return Writers([JsonlWriter(workdir / METRICS_FILE, first_step),
                     TensorBoardWriter(workdir / TENSORBOARD_DIR, first_step),
-                    ConsoleProgress(total_steps, first_step, console_every)])
+                    ConsoleProgress(total_steps, first_step, console_every, started=started),
+                    *more])

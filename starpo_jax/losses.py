@@ -66,9 +66,11 @@ def aggregate(x: jax.Array, mask: jax.Array, agg: str = "token_mean",
       agg: "token_mean": sum over all masked tokens / their count (DAPO's token-level loss);
         "seq_mean_token_mean": mean over the masked tokens of each row, then mean over rows;
         "seq_mean_token_sum": sum over the masked tokens of each row, then mean over rows;
-        "seq_mean_token_sum_norm": sum over the masked tokens of each row divided by a
-        constant token budget, then mean over rows (Dr.GRPO's normaliser; verl's mode of that
-        name, whose divisor is the response width: see `aggregate_normaliser`).
+        "seq_mean_token_sum_norm": the sum over all masked tokens divided by (rows with a
+        masked token) x a constant token budget: each row's token sum over the budget, then
+        the mean over rows (Dr.GRPO's constant normaliser as TRL's dr_grpo has it, and what
+        RAGEN gets from verl's mode of that name at one row per micro-batch). verl's own mode
+        divides the summed row sums by the budget alone, not by the rows too.
       normaliser: float32 scalar, the divisor of the final mean; default
         `aggregate_normaliser(mask, agg)`. Given the whole batch's, the results of row subsets
         sum to the whole batch's result.
@@ -155,6 +157,7 @@ def entropy_from_logits(logits: jax.Array, mask: jax.Array, agg: str = "token_me
 class PolicyLossStats(NamedTuple):
     """Diagnostics of one policy-loss evaluation, each a float32 scalar over the masked tokens."""
 
+    clipfrac: jax.Array  # clipped on either band (upper or lower): verl's pg_clipfrac
     clipfrac_upper: jax.Array  # A > 0 and ratio > 1 + clip_high: pushed up as far as allowed
     clipfrac_lower: jax.Array  # A < 0 and ratio < 1 - clip_low: pushed down as far as allowed
     clipfrac_dual: jax.Array  # A < 0 and the loss capped at dual_clip * |A| (0 without dual clip)
@@ -225,9 +228,11 @@ def policy_loss(
     def frac(hit: jax.Array) -> jax.Array:
         return aggregate(hit.astype(jnp.float32), mask)
 
+    upper, lower = (adv > 0) & (r > 1.0 + clip_high), (adv < 0) & (r < 1.0 - clip_low)
     stats = PolicyLossStats(
-        clipfrac_upper=frac((adv > 0) & (r > 1.0 + clip_high)),
-        clipfrac_lower=frac((adv < 0) & (r < 1.0 - clip_low)),
+        clipfrac=frac(upper | lower),
+        clipfrac_upper=frac(upper),
+        clipfrac_lower=frac(lower),
         clipfrac_dual=frac(jax.lax.stop_gradient(dual_hit)),
         approx_kl=aggregate(-lr, mask),
         approx_kl_k3=aggregate(r - 1.0 - lr, mask),

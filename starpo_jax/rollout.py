@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from starpo_jax.advantages import anchor_ids
 from starpo_jax.config import RolloutConfig
 from starpo_jax.failures import LoopHistory, classify
 from starpo_jax.forward import merge_rows
@@ -68,6 +69,9 @@ class Rollout(flax.struct.PyTreeNode):
     # were kept (host rollouts, hand-made batches): such rows are neither dead ends nor loops.
     dead_end: jax.Array | None = None  # [B] bool the final state can no longer succeed
     looped: jax.Array | None = None  # [B] bool some step returned to an earlier state
+    # [B, T] int32 GiGPO's anchor state of each turn: equal ids within a group <=> the turns
+    # start from identical observations (advantages.anchor_ids); -1 for turns not taken.
+    turn_anchors: jax.Array | None = None
 
     @property
     def failure(self) -> jax.Array:
@@ -180,6 +184,13 @@ def _shard_rows(tree: Any, mesh: Mesh | None) -> Any:
     return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
 
 
+def observation_ids(env: Any, state: Any) -> jax.Array:
+    """[S] int32: every symbol id of one state's `render_symbols` (all its slots), flattened;
+    two states render the same text exactly when these are equal (GiGPO's anchor states)."""
+    return jnp.concatenate([jnp.ravel(leaf).astype(jnp.int32)
+                            for leaf in jax.tree.leaves(env.render_symbols(state))])
+
+
 def _env_steps(env: Any, state: Any, actions: jax.Array, count: jax.Array, taken: jax.Array,
                max_actions_per_traj: int, history: LoopHistory):
     """Up to A actions per row, stopping at the episode end or the trajectory's action budget.
@@ -280,6 +291,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
 
         reply = jnp.concatenate([jnp.broadcast_to(prefix, (b, f)), gen.tokens], axis=1)
         parsed = codec.parse_reply(reply, f + gen.lengths)
+        start_observation = jax.vmap(lambda s: observation_ids(env, s))(states)  # GiGPO
         states, reward, ended, won, steps, eff, history = _env_steps(
             env, states, parsed.actions, jnp.where(active, parsed.num_actions, 0), taken,
             config.max_actions_per_traj, history)
@@ -287,7 +299,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         success = jnp.where(steps > 0, won, success)
         effective = effective + eff
         penalty = jnp.where(active & ~parsed.format_ok, config.format_penalty, 0.0)
-        outputs = dict(reward=reward, penalty=penalty, taken=active,
+        outputs = dict(reward=reward, penalty=penalty, taken=active, anchor=start_observation,
                        format_ok=parsed.format_ok & active,
                        think=jnp.where(active, parsed.think_tokens, 0), reply=kept)
         going = active & ~ended & (taken < config.max_actions_per_traj)
@@ -322,6 +334,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
             LoopHistory.start(jax.vmap(env.fingerprint)(states), config.max_actions_per_traj))
     carry, per_turn = jax.lax.scan(turn, _shard_rows(init, mesh), jnp.arange(turns))
     _, buf, mask, tids, blogp, bent, filled, states, _, taken, success, effective, history = carry
+    observations = jnp.moveaxis(per_turn.pop("anchor"), 0, 1)  # [B, T, S]
     per_turn = jax.tree.map(lambda x: x.T, per_turn)  # [T, B] -> [B, T]
     return Rollout(tokens=buf, lengths=filled, prompt_lengths=first_n, loss_mask=mask,
                    turn_ids=tids, behaviour_logp=blogp, behaviour_entropy=bent,
@@ -329,7 +342,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                    turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],
                    think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],
                    success=success, num_actions=taken, effective_actions=effective,
-                   dead_end=jax.vmap(env.dead_end)(states) & ~success, looped=history.looped)
+                   dead_end=jax.vmap(env.dead_end)(states) & ~success, looped=history.looped,
+                   turn_anchors=anchor_ids(observations, per_turn["taken"], n))
 
 
 def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,

@@ -9,6 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,12 @@ _OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator
 # The memory knobs (autofit.KNOBS): None by default = chosen from the compiled memory plan and
 # the free memory (check_memory); a value is used as given.
 AUTO = {"optim": ("micro_batches", "remat"), "rollout": ("cache_dtype", "chunks")}
+# Installed packages name their env modules under this entry-point group (load_env_entry_points).
+ENV_ENTRY_POINTS = "starpo_jax.envs"
+# A run's workdir holds its config as JSON (experiments/run.py), with the memory settings
+# chosen for the unset knobs under this key (autofit.Choice.record(); not a config key).
+RUN_CONFIG_FILE = "config.json"
+AUTO_MEMORY = "auto_memory"
 # Set by the `nothink` switch, not a key of its own.
 _DERIVED = {"rollout": ("mode",)}
 # rollout keys whose default (None) is the env's own setting (envs_jax.settings(env.name)).
@@ -101,7 +114,10 @@ def default_config() -> ConfigDict:
     c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32",
                           "init_from": ""})
     c.mesh = ConfigDict({"tp": 1})
-    c.env = ConfigDict({"name": "bandit"})
+    # env.module: comma-separated modules imported before env.name is looked up, so that envs
+    # a user's package registers on import (envs_host.register, envs_jax.register) train by
+    # name from the command line.
+    c.env = ConfigDict({"name": "bandit", "module": ""})
     # Host envs (envs_host) only: the env pool's threads (or one process per row) and the
     # seconds an env call may take before its row is failed (envs_host.pool).
     c.host = ConfigDict(dataclasses.asdict(envs_host.PoolConfig()))
@@ -125,6 +141,9 @@ def default_config() -> ConfigDict:
     c.check_memory = True
     c.progress_after = 60
     c.monitor = ConfigDict(dataclasses.asdict(MonitorConfig()))
+    # Weights & Biases beside JSONL and TensorBoard (the optional extra `wandb`;
+    # logging.WandbWriter): the W&B project, and the run's name ("" = the workdir's name).
+    c.logging = ConfigDict({"wandb": False, "wandb_project": "starpo-jax", "wandb_name": ""})
     return c
 
 
@@ -232,6 +251,8 @@ def train_config(config: ConfigDict) -> TrainConfig:
     require_valid("model.init_from", init, isinstance(init, str) and (
         not init or (Path(init) / "config.json").is_file()),
         "'' or a workdir of experiments/sft.py or run.py (holding config.json and checkpoints)")
+    _check_logging(full.logging)
+    import_env_modules(full.env.module)
     all_envs = envs_jax.names() + envs_host.names()
     require_valid("env.name", full.env.name, full.env.name in all_envs, f"one of {all_envs}")
     envs_host.PoolConfig(**full.host.to_dict())
@@ -244,6 +265,56 @@ def train_config(config: ConfigDict) -> TrainConfig:
         sections["rollout"] = dataclasses.replace(sections["rollout"], mode="nothink")
     result = TrainConfig(algo=full.algo, **sections)
     return result.vanilla() if full.vanilla else result
+
+
+def _check_logging(section: ConfigDict) -> None:
+    require_valid("logging.wandb", section.wandb, isinstance(section.wandb, bool),
+                  "True or False")
+    require_valid("logging.wandb", section.wandb,
+                  not section.wandb or importlib.util.find_spec("wandb") is not None,
+                  "False, or True with the wandb package installed (pip install -e \".[wandb]\")")
+    require_valid("logging.wandb_project", section.wandb_project,
+                  isinstance(section.wandb_project, str) and bool(section.wandb_project),
+                  "a W&B project name")
+
+
+@functools.cache
+def load_env_entry_points() -> tuple[str, ...]:
+    """Loads, once per process, every entry point of the group ENV_ENTRY_POINTS that installed
+    packages declare (`[project.entry-points."starpo_jax.envs"] mine = "mypkg.envs"`): a
+    module is imported (its envs register themselves), a function (`"mypkg.envs:register"`)
+    is called. Returns the entry points' names. Raises ValueError naming one that fails."""
+    loaded = []
+    for point in importlib.metadata.entry_points(group=ENV_ENTRY_POINTS):
+        try:
+            target = point.load()
+            if callable(target):
+                target()
+        except Exception as error:  # a broken plugin: named, with its own message
+            raise ValueError(f"entry point {point.name} = {point.value!r} of the group "
+                             f"{ENV_ENTRY_POINTS!r} failed: {type(error).__name__}: "
+                             f"{error}") from error
+        loaded.append(point.name)
+    return tuple(loaded)
+
+
+def import_env_modules(modules: str) -> None:
+    """Loads the installed packages' env entry points (load_env_entry_points), then imports the
+    comma-separated `modules` (config env.module), from the Python path or the current
+    directory: a user's envs register themselves when their module is imported. Raises
+    ValueError naming a module that cannot be found."""
+    load_env_entry_points()
+    names = _names(modules) if isinstance(modules, str) else ()
+    require_valid("env.module", modules, isinstance(modules, str), "comma-separated module names")
+    if names and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # `python experiments/run.py` puts only experiments/ first
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            raise ValueError(f"config.env.module = {modules!r} is invalid ({error}); valid: "
+                             "comma-separated modules, importable from the current directory or "
+                             "the Python path, that register envs") from None
 
 
 def _rollout_values(full: ConfigDict) -> dict[str, Any]:
@@ -289,6 +360,40 @@ def config_from_train_config(train: TrainConfig, **top: Any) -> ConfigDict:
     _check_keys(top, c)
     c.update(top)
     return c
+
+
+def read_run_config(workdir: str | Path) -> tuple[ConfigDict, dict[str, Any] | None]:
+    """The config a run of experiments/run.py ran, from its workdir's config.json, checked
+    like any config (train_config), and the record of the memory settings chosen for the knobs
+    it left unset (config.json's "auto_memory", autofit.Choice.record(); None when there is
+    none). Those knobs are set to the chosen values in the returned config, so that a
+    consumer (evaluate.py, export.py, a notebook) builds the step the run stepped with.
+    Raises FileNotFoundError / ValueError, one line naming the file and what was expected."""
+    workdir = Path(workdir)
+    path = workdir / RUN_CONFIG_FILE
+    if workdir.exists() and not workdir.is_dir():
+        raise FileNotFoundError(f"workdir {str(workdir)!r} is a file, not a directory; expected "
+                                "the --workdir of a run of experiments/run.py")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: expected the --workdir of a run of "
+                                "experiments/run.py")
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"a JSON {type(saved).__name__}, not an object")
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); it is the config.json that "
+                         "experiments/run.py writes in its workdir") from None
+    record = saved.pop(AUTO_MEMORY, None)
+    config = merged_config(saved)
+    train_config(config)
+    chosen = (record or {}).get("settings") or {}
+    for section, names in AUTO.items():
+        for name in names:
+            if config[section][name] is None and f"{section}.{name}" in chosen:
+                config[section][name] = chosen[f"{section}.{name}"]
+    train_config(config)  # the chosen values are valid knob values too
+    return config, record
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -12,8 +12,9 @@
 
 `prepare` and `update` take any `Rollout`, however it was produced (a JAX env's compiled
 rollout, or a host-driven one). One iteration: rollout -> uncertainty filter on the summed env
-rewards (K of P groups kept, static shapes [K * N, L]) -> Online-k rounds of { old log-probs
-and critic values with the current weights, advantages from the registry, ppo_epochs passes of
+rewards' in-group std or another filter.metric (K of P groups kept, static shapes [K * N, L])
+-> Online-k rounds of { old log-probs and critic values with the current weights, advantages
+from the registry (times filter.loss_scaling's kept share), ppo_epochs passes of
 mini-batches of `optim.minibatch_rows` rows (AdamW; a mini-batch's gradient may be summed over
 optim.micro_batches row slices, and the forwards without a gradient run in as many slices) }
 -> a flat dict of float32 metrics. A mini-batch update whose loss or gradients are not finite
@@ -45,9 +46,10 @@ from flax import nnx
 
 from starpo_jax import advantages as adv_lib
 from starpo_jax.collapse import collapse_step_metrics
-from starpo_jax.config import TrainConfig
+from starpo_jax.config import ESTIMATOR_PARAMS, TrainConfig
 from starpo_jax.failures import failure_fractions
-from starpo_jax.filtering import GroupSelection, gather_group_rows, select_groups
+from starpo_jax.filtering import (VALUE_METRICS, GroupSelection, gather_group_rows, kept_share,
+                                  select_groups)
 from starpo_jax.forward import (accumulated_grad, in_row_slices, sequence_logprobs,
                                 sequence_values)
 from starpo_jax.losses import aggregate, aggregate_normaliser, kl_penalty, policy_loss, value_loss
@@ -195,18 +197,42 @@ def token_rewards(batch: Rollout, placement: str) -> jax.Array:
 def advantages(config: TrainConfig, batch: Rollout, values: jax.Array | None,
                ) -> tuple[jax.Array, jax.Array | None]:
     """(advantages, returns | None) [R, L] of config.estimator (a name in the advantage
-    registry), called with the AdvantageConfig values its signature names."""
+    registry), called with the AdvantageConfig values its signature names (ESTIMATOR_PARAMS;
+    TrainConfig refuses a value set for a parameter the estimator does not have)."""
     a = config.advantage
     inputs = adv_lib.AdvantageInputs(
         token_rewards=token_rewards(batch, a.reward_placement), reply_mask=batch.loss_mask,
         values=values, turn_ids=batch.turn_ids,
-        scores=batch.scores.reshape(-1, config.rollout.group_size))
+        scores=batch.scores.reshape(-1, config.rollout.group_size),
+        turn_rewards=batch.turn_rewards + batch.format_penalties,
+        turn_anchors=batch.turn_anchors)
     fn = adv_lib.get_advantage_estimator(config.estimator)
-    offered = {"gamma": a.gamma, "lam": a.lam, "gamma_turn": a.gamma_turn, "mode": a.grpo_mode}
-    if a.whiten is not None:
-        offered["whiten_advantages"] = a.whiten
     accepted = inspect.signature(fn).parameters
-    return fn(inputs, **{k: v for k, v in offered.items() if k in accepted})
+    offered = {param: getattr(a, field) for field, param in ESTIMATOR_PARAMS.items()
+               if param in accepted and getattr(a, field) is not None}
+    return fn(inputs, **offered)
+
+
+def filter_values(out: Rollout, metric: str) -> jax.Array | None:
+    """The per-trajectory values a filter metric ranks by besides the scores: [B] float32 mean
+    sampled-token entropy (the sampler's, at the rollout temperature: the trainer's own up to
+    rounding) for the entropy metrics, sampled-token count for "length"; None otherwise."""
+    if metric not in VALUE_METRICS:
+        return None
+    mask = out.loss_mask.astype(jnp.float32)
+    count = mask.sum(-1)
+    if metric == "length":
+        return count
+    return jnp.sum(out.behaviour_entropy * mask, -1) / jnp.maximum(count, 1.0)
+
+
+def filter_selection(out: Rollout, config: TrainConfig) -> GroupSelection:
+    """The uncertainty filter's choice of groups for this rollout (config.filter; the scores
+    without the format penalty, and the per-row values its metric ranks by)."""
+    group = config.rollout.group_size
+    per_row = filter_values(out, config.filter.metric)
+    return select_groups(out.scores_without_penalty.reshape(-1, group), config.filter,
+                         None if per_row is None else per_row.reshape(-1, group))
 
 
 def _mean(x: jax.Array, where: jax.Array) -> jax.Array:
@@ -221,8 +247,10 @@ def logprob_diff(behaviour: jax.Array, logp: jax.Array, mask: jax.Array) -> Metr
             "rollout/logprob_diff_max": jnp.max(jnp.where(mask, diff, 0.0))}
 
 
-def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
-    """Statistics of the whole rollout and of its kept rows (the original's names)."""
+def rollout_metrics(out: Rollout, batch: Batch, group: int) -> Metrics:
+    """Statistics of the whole rollout and of its kept rows (the original's names, and
+    rollout/anchor_share: GiGPO's share of taken turns whose start state another turn of the
+    group shares). group: rollout.group_size."""
     kept, selection = batch.rollout, batch.selection
     reward = out.scores_without_penalty
     # The groups really kept (a variable-count strategy keeps fewer than the static bound).
@@ -253,6 +281,8 @@ def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
         # The sampler's entropy over every rolled-out row (the collapse monitor's signal; the
         # kept rows alone are the highest-std groups and would bias it upward).
         "actor/entropy": aggregate(out.behaviour_entropy, out.loss_mask),
+        **({} if out.turn_anchors is None else {
+            "rollout/anchor_share": adv_lib.anchor_share(out.turn_anchors, group)}),
         **{f"train/failure/{kind}": value
            for kind, value in failure_fractions(out.failure).items()},
     }
@@ -343,8 +373,12 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         loss, stats = policy_loss(logp, old, mb["advantages"], mask, cfg.loss.clip_low,
                                   cfg.loss.clip_high, cfg.loss.dual_clip, agg, normaliser)
         ent = aggregate(entropy, mask, agg, normaliser)
-        aux = {"actor/pg_loss": loss, "actor/pg_clipfrac": stats.clipfrac_upper,
-               "actor/pg_clipfrac_lower": stats.clipfrac_lower, "actor/ppo_kl": stats.approx_kl,
+        # verl's names with verl's meaning (either band; the dual-clip share), and this
+        # project's split of the bands under names of its own.
+        aux = {"actor/pg_loss": loss, "actor/pg_clipfrac": stats.clipfrac,
+               "actor/pg_clipfrac_lower": stats.clipfrac_dual,
+               "actor/pg_clipfrac_high": stats.clipfrac_upper,
+               "actor/pg_clipfrac_low": stats.clipfrac_lower, "actor/ppo_kl": stats.approx_kl,
                "actor/entropy_kept": aggregate(entropy, mask)}  # token mean, as actor/entropy
         total = loss - cfg.loss.entropy_coef * ent
         if cfg.loss.kl_coef > 0:
@@ -408,7 +442,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     def prepare(state: TrainState, out: Rollout, ref_logp: jax.Array | None = None) -> Batch:
         """Filter, then (with the current weights) reference / old log-probs, values and
         advantages of the kept rows. ref_logp: the reference log-probs of an earlier round."""
-        selection = select_groups(out.scores_without_penalty.reshape(-1, group), config.filter)
+        selection = filter_selection(out, config)
         kept = gather_group_rows(out, selection.indices, group)
         # Groups not really kept stay in the static batch but out of every loss and statistic.
         kept = constrain(kept.replace(
@@ -426,6 +460,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         # With `kept` inside, the mark waits for the rollout even when nothing was computed.
         old_logp, values, kept = mark(phase_clock, "old_logprobs", (old_logp, values, kept))
         adv, returns = advantages(config, kept, values)
+        adv = adv * kept_share(selection, config.filter)  # filter.loss_scaling
         return Batch(rollout=kept, selection=selection, advantages=adv, returns=returns,
                      old_values=values, old_logp=old_logp, ref_logp=ref_logp)
 
@@ -477,7 +512,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
             state, more = jax.lax.scan(again, state, keys[1:])
             aux = {k: (v + more[k].sum()) / (1 if k in SKIPPED_UPDATES else opt.rollout_reuse)
                    for k, v in aux.items()}
-        metrics = rollout_metrics(out, batch)
+        metrics = rollout_metrics(out, batch, group)
         metrics.update(aux, **collapse)
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics

@@ -1,5 +1,6 @@
 """A run's workdir: one run at a time, writable, and holding what its config.json says.
 
+    check_resumable(workdir)                    # --resume: the workdir holds a run
     with WorkdirLock(workdir):                  # a second run on the workdir fails at once
         check_config(workdir / "config.json", config.to_dict(), resume, RESUMABLE)
         check_free_space(workdir, checkpoint_bytes)
@@ -53,6 +54,7 @@ class WorkdirLock:
             _held[self.workdir] += 1
             return self
         path = self.workdir / LOCK_FILE
+        check_directory(self.workdir)
         self._created = not self.workdir.exists()
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)
@@ -100,6 +102,20 @@ class WorkdirLock:
             self.workdir.rmdir()
 
 
+def check_directory(workdir: Path) -> None:
+    """RunFault when the workdir path names something that is not a directory."""
+    if Path(workdir).exists() and not Path(workdir).is_dir():
+        raise RunFault(f"workdir {workdir} is a file, not a directory: pass another --workdir")
+
+
+def check_resumable(workdir: Path) -> None:
+    """RunFault unless `workdir` holds a run to resume (its config.json): --resume of a new or
+    empty workdir is a mistake (a mistyped path), not a fresh start."""
+    check_directory(workdir)
+    if not (Path(workdir) / "config.json").is_file():
+        raise RunFault(f"nothing to resume in {workdir}; run without --resume to start")
+
+
 def _read(fd: int) -> str:
     os.lseek(fd, 0, os.SEEK_SET)
     return os.read(fd, 4096).decode(errors="replace").strip()
@@ -138,7 +154,7 @@ def check_config(path: Path, config: dict, resume: bool, resumable: tuple[str, .
         if has_checkpoints:
             raise RunFault(f"{path} is missing, so the checkpoints beside it cannot be checked "
                            "against this config: put it back, or pass another --workdir")
-        return
+        check_resumable(path.parent)
     try:
         saved = json.loads(path.read_text())
         if not isinstance(saved, dict):

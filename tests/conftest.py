@@ -15,8 +15,9 @@ import pytest
 # together. Files not listed follow in collection order.
 HEAVY_FIRST = ("test_freetext_train.py", "test_autofit.py", "test_train.py",
                "test_shared_prefix.py", "test_rollout.py", "test_sft.py", "test_host_rollout.py",
-               "test_lora.py", "test_faults.py", "test_collapse.py", "test_notebooks.py",
-               "test_text_env_states.py", "test_host_train.py", "test_report.py",
+               "test_lora.py", "test_faults.py", "test_first_hour.py", "test_collapse.py",
+               "test_notebooks.py", "test_text_env_states.py", "test_host_train.py",
+               "test_report.py",
                "test_failures.py", "test_faithful.py",
                "test_text_free.py", "test_sweep.py", "test_memory.py", "test_filtering.py",
                "test_sampling.py")

@@ -201,6 +201,26 @@ def test_grpo_matches_reference(mode, shape):
     np.testing.assert_allclose(got, grpo_reference(scores, mode), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["mean_std", "mean"])
+def test_grpo_equal_groups_are_exactly_zero(mode):
+    """A group of equal scores carries no signal: exactly 0 at any magnitude and size (the
+    float32 mean of 32 x 9.4 misses 9.4 by a rounding step; a plain std would pass eps)."""
+    for size in (2, 3, 5, 8, 16, 32):
+        values = np.array([0.1, 0.7, 1.0, 8.3, 9.4, 10.0, 37.9, 123.4, 999.7, 1e3], np.float32)
+        scores = np.repeat(values[:, None], size, axis=1)
+        got = np.asarray(jax.jit(grpo, static_argnames="mode")(scores, mode=mode))
+        assert np.all(got == 0.0), (size, got[np.any(got != 0, axis=1)])
+
+
+def test_grpo_random_groups_match_float64_reference():
+    rng = np.random.default_rng(5)
+    for size in (2, 3, 7, 32):
+        scores = (rng.normal(size=(20, size)) * 3 + rng.uniform(-1e3, 1e3, (20, 1)))
+        scores = scores.astype(np.float32)
+        want = grpo_reference(scores.astype(np.float64), "mean_std")
+        np.testing.assert_allclose(grpo(scores, "mean_std"), want, rtol=2e-3, atol=2e-4)
+
+
 def test_grpo_bandit_example():
     # One group of four pulls of the high-risk arm: two paid 1.0, two paid 0.
     got = grpo(np.array([[1.0, 0.0, 1.0, 0.0]]), "mean_std")

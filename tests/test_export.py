@@ -322,7 +322,8 @@ def test_export_run_from_a_hugging_face_source(tmp_path, tokenizer):
 @pytest.mark.parametrize("case, error, message", [
     ("missing step", ValueError, "no checkpoint of step 3 in"),
     ("missing step", ValueError, "saved steps: [2, 5]"),
-    ("no config", FileNotFoundError, "has no config.json; expected the --workdir of a run"),
+    ("no config", FileNotFoundError, "config.json does not exist: expected the --workdir of a "
+                                     "run of experiments/run.py"),
     ("no checkpoints", FileNotFoundError, "holds no checkpoints"),
     ("out exists", FileExistsError, "exists and is not empty"),
 ])

@@ -15,8 +15,9 @@ import pytest  # noqa: E402
 
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig,  # noqa: E402
                                OptimConfig, RolloutConfig, TrainConfig)
-from starpo_jax.filtering import (gather_group_rows, gather_groups, group_std,  # noqa: E402
-                                  kept_bound, num_kept_groups, select_groups)
+from starpo_jax.filtering import (FILTER_METRICS, gather_group_rows, gather_groups,  # noqa: E402
+                                  group_std, kept_bound, kept_share, num_kept_groups,
+                                  select_groups)
 
 # Five groups of four; unbiased stds (in order): 0.5, 0, 1, 0.5, 0.
 SCORES = np.array(
@@ -176,6 +177,56 @@ def test_select_groups_worked_examples(rule, want):
     np.testing.assert_allclose(got.group_std, np.std(SCORES, axis=1, ddof=1), rtol=1e-6)
 
 
+def metric_reference(scores, values, metric):
+    """The original's group scores (rollout_filter.py) in numpy: [P, N] -> [P]."""
+    x = np.asarray(values if metric in ("entropy", "entropy_variance", "length") else scores,
+                   np.float64)
+    if metric.endswith("variance"):
+        return np.std(x, axis=1, ddof=1)
+    return x.sum(axis=1) if metric == "reward_sum" else x.mean(axis=1)
+
+
+METRIC_RULES = [dict(keep_ratio=0.25), dict(strategy="top_p", top_p=0.6),
+                dict(strategy="min_p", min_p=0.5, mode="std_rev", include_zero=False),
+                dict(strategy="top_p", top_p=0.9, top_p_weights="softmax")]
+
+
+@pytest.mark.parametrize("metric", FILTER_METRICS)
+def test_filter_metrics_rank_groups_by_the_originals_scores(metric):
+    rng = np.random.default_rng(7)
+    for kind in ("normal", "coins"):
+        scores = random_scores(rng, kind) + 0.5  # positive: mean and sum rank as scores
+        values = rng.uniform(0.5, 4.0, (8, 4)).astype(np.float32)
+        values[2] = 1.5  # a group of equal values: entropy_variance 0, exactly
+        want_score = metric_reference(scores, values, metric)
+        for rule in METRIC_RULES:
+            config = FilterConfig(metric=metric, **rule)
+            got = select_groups(scores, config, values)
+            np.testing.assert_allclose(got.group_score, want_score, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got.group_std, np.std(scores, axis=1, ddof=1), rtol=1e-5,
+                                       atol=1e-6)  # the reward std stays logged as it was
+            # The reference ranks the computed scores: float ties resolve as the code's.
+            assert (got.indices[got.kept].tolist()
+                    == reference(np.asarray(got.group_score).tolist(), config)), (kind, rule)
+    if metric == "entropy_variance":
+        assert got.group_score[2] == 0.0
+
+
+def test_value_metrics_need_the_per_trajectory_values():
+    with pytest.raises(ValueError, match="filter metric 'length' needs per-trajectory values"):
+        select_groups(SCORES, FilterConfig(metric="length"))
+
+
+@pytest.mark.parametrize("scaling,factor", [("none", lambda r: 1.0), ("linear", lambda r: r),
+                                            ("sqrt", np.sqrt)])
+def test_loss_scaling_is_the_share_of_groups_kept(scaling, factor):
+    # top_p 0.6 of stds (0.5, 0, 1, 0.5, 0): groups 2 and 0 (1.5 of 2.0 >= 1.2 - 0.01): 2 of 5.
+    config = FilterConfig(strategy="top_p", top_p=0.6, loss_scaling=scaling)
+    selection = select_groups(SCORES, config)
+    assert int(selection.kept.sum()) == 2
+    np.testing.assert_allclose(kept_share(selection, config), factor(2 / 5), rtol=1e-6)
+
+
 def test_top_k_keeps_todays_fixed_count():
     """The default strategy returns K = max(1, int(keep_ratio * P)) groups, all kept, as
     before the other strategies existed."""
@@ -231,6 +282,10 @@ def test_equal_scores_have_exactly_zero_std():
         (dict(include_zero=1), "filter.include_zero = 1 is invalid; valid: True or False"),
         (dict(mode="var"), r"filter.mode = 'var' is invalid; valid: one of \('std', 'std_rev'\)"),
         (dict(max_groups=0), "filter.max_groups = 0 is invalid; valid: an int >= 1"),
+        (dict(metric="std"), r"filter.metric = 'std' is invalid; valid: one of "
+                             r"\('reward_variance', 'reward'"),
+        (dict(loss_scaling="log"), r"filter.loss_scaling = 'log' is invalid; valid: one of "
+                                   r"\('none', 'linear', 'sqrt'\)"),
     ],
 )
 def test_filter_config_rejects_bad_values(rule, match):
@@ -395,3 +450,44 @@ def test_a_step_that_keeps_nothing_leaves_the_state_alone(masked_steps):
                         jax.tree.leaves(getattr(after, name))):
             np.testing.assert_array_equal(a, b, err_msg=name)
     assert after.step == before.step + 1
+
+
+def test_prepare_ranks_by_the_metric_and_scales_the_advantages():
+    """`prepare` ranks groups by the trajectories' mean sampled-token entropies (the sampler's;
+    metric "entropy"), and loss_scaling "sqrt" multiplies the advantages by the square root of
+    the share of groups kept. The per-row values of "length" are the sampled-token counts."""
+    from starpo_jax import train as train_lib
+    from test_rollout import REPLY_TOKENS, tiny_bandit_setup
+
+    model, tok, env, codec = tiny_bandit_setup()
+    base = TrainConfig(
+        algo="grpo",
+        rollout=RolloutConfig(groups=4, group_size=2, max_turns=1, reply_tokens=REPLY_TOKENS,
+                              mode="nothink"),
+        filter=FilterConfig(keep_ratio=0.5, metric="entropy"),
+        advantage=AdvantageConfig(grpo_mode="mean"))
+    scaled = dataclasses.replace(base, filter=dataclasses.replace(base.filter,
+                                                                  loss_scaling="sqrt"))
+    kw = dict(model=model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    state = train_lib.init_train_state(base, jax.random.PRNGKey(0), model=model)
+    out = jax.jit(train_lib.make_train_fns(base, env, codec, **kw).rollout)(
+        state, jax.random.PRNGKey(11))
+    # Rewards of its own for each row (the tiny model's replies all earn the format penalty).
+    out = out.replace(turn_rewards=out.turn_rewards.at[:, 0].set(jnp.arange(8.0) % 3))
+    mask = np.asarray(out.loss_mask)
+    lengths = mask.sum(-1).astype(np.float32)
+    entropy = (np.asarray(out.behaviour_entropy) * mask).sum(-1) / np.maximum(mask.sum(-1), 1)
+    np.testing.assert_allclose(train_lib.filter_values(out, "entropy"), entropy, rtol=1e-6)
+    np.testing.assert_array_equal(train_lib.filter_values(out, "length"), lengths)
+    assert train_lib.filter_values(out, "reward") is None
+    batches = [jax.device_get(jax.jit(train_lib.make_train_fns(c, env, codec, **kw).prepare)(
+        state, out)) for c in (base, scaled)]
+    selection = batches[0].selection
+    mean_entropy = entropy.reshape(4, 2).mean(1)
+    np.testing.assert_allclose(selection.group_score, mean_entropy, rtol=1e-6)
+    kept = selection.indices[selection.kept].tolist()
+    # The tiny random model's entropies differ in the 6th digit: rank the computed scores.
+    assert kept == reference(selection.group_score.tolist(), base.filter) and len(kept) == 2
+    np.testing.assert_allclose(batches[1].advantages,
+                               batches[0].advantages * np.sqrt(len(kept) / 4), rtol=1e-6)
+    assert np.abs(batches[0].advantages).max() > 0

@@ -78,6 +78,32 @@ def test_host_rollout_equals_compiled_rollout():
     # The env really stepped on both paths: budget spent, rewards, penalties, three turns.
     assert (want.num_actions == 5).all() and np.abs(want.turn_rewards).sum() > 0
     assert want.turn_taken.all() and (want.format_penalties < 0).all()
+    # GiGPO's anchors (compared above: the compiled rollout's from symbol ids, the host's from
+    # observation texts): turn 1's Up, Left moved the player, after which it stands against a
+    # wall, so turns 2 and 3 start from one state (the states after each turn would read 0 0 0).
+    np.testing.assert_array_equal(want.turn_anchors[:2], [[0, 1, 1], [0, 1, 1]])
+
+
+def test_anchors_are_the_states_turns_start_from():
+    """Slippery FrozenLake, each row its own randomness, the same answer every turn: all rows
+    of a group start turn 1 from the group's first state (anchor 0), then slip apart. Anchors
+    of the states after each turn's steps would split the rows already at turn 1."""
+    model, tok = tiny()
+    env = envs_jax.make("frozen_lake")
+    config = RolloutConfig(groups=2, group_size=8, max_turns=3, reply_tokens=REPLY_TOKENS,
+                           mode="nothink", max_actions_per_turn=2, max_actions_per_traj=6)
+    codec = build_codec(tok, env, mode="nothink", max_tokens=config.announced_tokens,
+                        max_actions_per_turn=2, max_actions_per_traj=6, verify=20,
+                        forced_prefix="<answer>Down || Right</answer>", **SHORT_TEMPLATE)
+    graphdef, params = nnx.split(model)
+    out = jax.device_get(jax.jit(lambda p, k: rollout(
+        graphdef, p, env, codec, config, k, eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id))(params, jax.random.PRNGKey(2)))
+    anchors = out.turn_anchors
+    assert (anchors[:, 0] == 0).all()
+    assert ((anchors == -1) == ~out.turn_taken).all()
+    later = anchors[:, 1][out.turn_taken[:, 1]]
+    assert len(np.unique(later)) > 1, "the rows never slipped apart: pick another key"
 
 
 class Echo(HostEnv):

@@ -176,6 +176,11 @@ def test_policy_loss_stats_match_numpy(dual_clip):
     )
     _, _, upper, lower, dual, r = ppo_reference(logp, old_logp, adv, dual_clip)
     on = mask != 0
+    # verl's pg_clipfrac: tokens whose clipped surrogate term exceeds the unclipped one.
+    r_ = np.exp(logp.astype(np.float64) - old_logp)
+    verl = -adv * np.clip(r_, 1 - CLIP_LOW, 1 + CLIP_HIGH) > -adv * r_
+    np.testing.assert_allclose(stats.clipfrac, verl[on].mean(), rtol=1e-6)
+    np.testing.assert_allclose(stats.clipfrac, (upper | lower)[on].mean(), rtol=1e-6)
     np.testing.assert_allclose(stats.clipfrac_upper, upper[on].mean(), rtol=1e-6)
     np.testing.assert_allclose(stats.clipfrac_lower, lower[on].mean(), rtol=1e-6)
     np.testing.assert_allclose(stats.clipfrac_dual, dual[on].mean(), rtol=1e-6, atol=0)

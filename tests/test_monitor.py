@@ -222,6 +222,9 @@ class _ScriptedExperiment:
     def fresh_state(self) -> _State:
         return _State(step=jnp.zeros((), jnp.int32))
 
+    def estimated_step_seconds(self) -> None:
+        return None  # no step-time model of a scripted step
+
     def step(self) -> dict[str, float]:
         metrics = dict(self.rows[self.steps_done])
         self.state = self.state.replace(step=self.state.step + 1)

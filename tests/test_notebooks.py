@@ -131,3 +131,6 @@ def test_analyse_a_run(tmp_path):
     assert result["checkpoint_step"] == 6
     assert result["eval"] and result["eval"] == result["logged_eval"]
     assert result["samples_match_run"]
+    # config.json read back through api.read_run_config, its auto_memory record included
+    assert set(result["memory_settings"]) == {"optim.micro_batches", "optim.remat",
+                                              "rollout.cache_dtype", "rollout.chunks"}

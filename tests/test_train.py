@@ -157,16 +157,17 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _sharded_run(tmp_path, what: str) -> dict:
+def _sharded_run(tmp_path, what: str, algo: str = "ppo", **advantage) -> dict:
     """_SHARDED_SCRIPT in a 4-fake-device process: `what` = "step" (the step on one device and
     on a tp=2 mesh) or "pieces" (the public pieces jitted one by one on the mesh, and the
-    step)."""
+    step); algo and AdvantageConfig fields pick the estimator."""
     model, tok, env, codec = tiny_bandit_setup()
     config = TrainConfig(
-        algo="ppo",
+        algo=algo,
         rollout=RolloutConfig(groups=2, group_size=4, max_turns=2, reply_tokens=REPLY_TOKENS,
                               mode="nothink"),
         filter=FilterConfig(keep_ratio=1.0),
+        advantage=AdvantageConfig(**advantage),
         optim=OptimConfig(actor_lr=1e-3, minibatch_rows=4))
     setup = tmp_path / "setup.pkl"
     setup.write_bytes(pickle.dumps((model, tok, env, codec, config)))
@@ -191,8 +192,9 @@ def _sharded_run(tmp_path, what: str) -> dict:
 # 10, never on an idle machine). PJRT_NPROC widens its thread pools; the timeouts turn a hang
 # into a failure within minutes.
 @pytest.mark.serial
-def test_sharded_step_equals_single_device(tmp_path):
-    result = _sharded_run(tmp_path, "step")
+@pytest.mark.parametrize("algo,advantage", [("ppo", {}), ("grpo", {"estimator": "gigpo"})])
+def test_sharded_step_equals_single_device(tmp_path, algo, advantage):
+    result = _sharded_run(tmp_path, "step", algo, **advantage)
     single, sharded = result["single"], result["sharded"]
     assert single.keys() == sharded.keys()
     for key in single:

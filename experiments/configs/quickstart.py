@@ -5,7 +5,8 @@ tokens, 4 groups x 8 rollouts per step. The actor's learning rate is raised from
 1e-6 (200 steps of a 0.5B model) to QUICK_LR, so that a 135M model moves visibly within 16
 steps (1e-5 learns the format faster, then settles on the safe arm: entropy and reward std
 collapse by step 10); everything else is StarPO-S as in the other config files. At the end,
-held-out and BanditTest (unseen arm names) games are evaluated, greedy.
+held-out and BanditTest (unseen arm names) games are evaluated, greedy. Only the newest
+checkpoint is kept.
 """
 
 from starpo_jax.api import config_for
@@ -21,4 +22,5 @@ def get_config():
     c.eval_every = c.steps  # once, after the last step
     c.eval.modes = "greedy"
     c.sample_every = c.checkpoint_every = 8
+    c.keep_checkpoints = 1  # a checkpoint of SmolLM2 with its Adam moments is ~1.6 GB
     return c

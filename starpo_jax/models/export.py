@@ -273,7 +273,11 @@ def save_pretrained(model_or_params: Decoder | nnx.State | Mapping, config: Mode
         _write_json(staged / "generation_config.json",
                     {**_special_ids(tokenizer), **(generation_config or {})})
         tokenizer.save_pretrained(str(staged))
-        os.chmod(staged, 0o755)  # mkdtemp makes it private; a model directory is meant to share
+        # mkdtemp makes the directory private and safetensors writes its files 0600; a model
+        # directory is meant to be shared: the usual 0755 / 0644.
+        os.chmod(staged, 0o755)
+        for path in staged.rglob("*"):
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
         _publish(staged, out, overwrite)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)

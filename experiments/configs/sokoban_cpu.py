@@ -1,0 +1,27 @@
+"""Sokoban (6x6, one box) sized for a 2-core CPU, shaped like quickstart.py: the CPU run of
+the game of sokoban_ppo.py / sokoban_grpo.py (the paper's setting: hours per step here).
+
+StarPO-S with GRPO, NoThink replies of at most 16 tokens, 4 groups x 8 rollouts, the env's own
+5 turns and action budgets, the quickstart's actor learning rate, 20 steps; at the end 8
+held-out states (and the game's out-of-distribution variants) are evaluated, greedy. One
+checkpoint is kept. The untrained SmolLM2-135M did not answer this game in format in the CPU
+suite (README, "Reproduction suite", experiment 2), so expect flat curves from it: the run
+shows the multi-turn machinery at a CPU's pace; learning needs a model that sometimes answers
+in format.
+"""
+
+from starpo_jax.api import config_for
+
+QUICK_LR = 5e-6  # quickstart.py's actor learning rate
+
+
+def get_config():
+    c = config_for("sokoban", "grpo", groups=4, group_size=8, reply_tokens=16)
+    c.nothink = True
+    c.steps = 20
+    c.optim.actor_lr = QUICK_LR
+    c.eval_every = c.steps  # once, after the last step
+    c.eval.modes = "greedy"
+    c.sample_every = c.checkpoint_every = 10
+    c.keep_checkpoints = 1
+    return c
