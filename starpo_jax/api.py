@@ -25,7 +25,7 @@ import envs_host
 import envs_jax
 from starpo_jax.collapse import drop_uncomputed
 from starpo_jax.config import TrainConfig
-from starpo_jax.evaluation import Evaluator
+from starpo_jax.evaluation import EvalConfig, Evaluator
 from starpo_jax import autofit
 from starpo_jax.memory import (MemoryPlan, budget, host_available_bytes, release_freed_heap,
                                step_plan)
@@ -148,6 +148,13 @@ def _phase_clock(after: float, steps: int, train: TrainConfig,
     return None
 
 
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
+    """(init key, run key) of a run with `seed`: the critic's initialisation and the key whose
+    fold_in(key, t) is iteration t's (and whose EVAL_STREAM holds the held-out states)."""
+    init_key, key = jax.random.split(jax.random.PRNGKey(seed))
+    return init_key, key
+
+
 def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     """Checks `config` (a ConfigDict like default_config(), or a TrainConfig plus top-level keys
     in `top`), then loads the model, builds the env and codec, the initial state and the
@@ -169,7 +176,7 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
                                   full.model.dtype)
     env = envs_jax.make(full.env.name)
     codec = _codec(full, train, tok, env)
-    init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
+    init_key, key = run_keys(full.seed)
     # With LoRA the model gains its adapters here (the key init_train_state would use), so that
     # the evaluator and the rollout read the same graph.
     model = adapted(model, train.lora, jax.random.fold_in(init_key, 1))
@@ -276,19 +283,33 @@ def _choose(exp: Experiment, free: int, where: str,
 def build_evaluator(exp: Experiment) -> Evaluator:
     """The Evaluator of `exp`'s eval section: codecs for the OOD envs built like the training
     one (same tokenizer, mode and prompt), held-out keys from the run's key. Nothing compiles
-    until its first evaluation. For a host env, a host_train.HostEvaluator (same interface)."""
+    until its first evaluation; eval.seed set: the held-out states of that seed's run. For a
+    host env, a host_train.HostEvaluator (same interface)."""
     config = eval_config(exp.config)
+    key = eval_run_key(exp, config)
     if exp.config.env.name in envs_host.names():
         from starpo_jax import host_train
 
-        return host_train.build_evaluator(exp, config)
+        return host_train.build_evaluator(exp, config, key)
+    envs = eval_envs(exp, config)
+    return Evaluator(nnx.graphdef(exp.model), exp.tokenizer, envs, exp.train.rollout, config,
+                     key, eos_id=exp.tokenizer.eos_token_id, pad_id=exp.tokenizer.pad_token_id)
+
+
+def eval_run_key(exp: Experiment, config: EvalConfig) -> jax.Array:
+    """The run key whose EVAL_STREAM holds the held-out states: exp's, or eval.seed's run's."""
+    return exp.key if config.seed is None else run_keys(config.seed)[1]
+
+
+def eval_envs(exp: Experiment, config: EvalConfig) -> dict[str, tuple[Any, Any]]:
+    """name -> (env, codec) of each eval env of a JAX-env experiment: the training env's own,
+    the others' codecs built like it (same tokenizer, mode and prompt)."""
     envs = {}
     for name in config.envs:
         env = exp.env if name == exp.config.env.name else envs_jax.make(name)
         codec = exp.codec if env is exp.env else _codec(exp.config, exp.train, exp.tokenizer, env)
         envs[name] = (env, codec)
-    return Evaluator(nnx.graphdef(exp.model), exp.tokenizer, envs, exp.train.rollout, config,
-                     exp.key, eos_id=exp.tokenizer.eos_token_id, pad_id=exp.tokenizer.pad_token_id)
+    return envs
 
 
 # ---------------------------------------------------------------- SFT warm start (starpo_jax.sft)
@@ -314,14 +335,48 @@ def demonstrations(exp: Experiment, policy: str | Callable[[Any, jax.Array], jax
     (policies.POLICY_NAMES) or a function (env_state, key) -> actions [A] int32 (-1 padded).
     demonstrations.transcripts(out, exp.tokenizer, exp.codec) turns it into chat transcripts."""
     from starpo_jax.demonstrations import build_reply_encoder, demonstrate
-    from starpo_jax.policies import make_policy
     r = exp.train.rollout
     if isinstance(policy, str):
-        policy = make_policy(policy, exp.env, max_actions_per_turn=r.max_actions_per_turn,
-                             max_turns=r.max_turns, max_actions_per_traj=r.max_actions_per_traj)
+        policy = _policy(exp, policy, exp.env)
     encoder = build_reply_encoder(exp.tokenizer, exp.env, exp.codec,
                                   max_actions_per_turn=r.max_actions_per_turn)
     shape = dataclasses.replace(r, groups=groups or r.groups, chunks=1)
     return jax.jit(lambda k: demonstrate(exp.env, exp.codec, shape, policy, encoder, k,
                                          eos_id=exp.tokenizer.eos_token_id,
                                          pad_id=exp.tokenizer.pad_token_id))(key)
+
+
+def _policy(exp: Experiment, name: str, env: Any) -> Callable[[Any, jax.Array], jax.Array]:
+    from starpo_jax.policies import make_policy
+    r = exp.train.rollout
+    return make_policy(name, env, max_actions_per_turn=r.max_actions_per_turn,
+                       max_turns=r.max_turns, max_actions_per_traj=r.max_actions_per_traj)
+
+
+def policy_baseline(exp: Experiment, policy: str) -> dict[str, float]:
+    """The scripted `policy`'s (policies.POLICY_NAMES) evaluation on exp's held-out states:
+    one demonstration per initial state of each eval env (build_evaluator's states: the same
+    reset keys and sampling key), as val/<env>/<mode>/<metric> (evaluation.eval_metrics; every
+    mode holds the same rollouts: a scripted policy has no temperature). Envs the policy cannot
+    play (no solver for a two-box Sokoban) are left out. For reference rows next to a policy's
+    evaluation (the random policy, the solver)."""
+    from starpo_jax.demonstrations import build_reply_encoder, demonstrate
+    from starpo_jax.evaluation import eval_metrics, heldout_keys
+    config = eval_config(exp.config)
+    reset_key, sample_key = heldout_keys(eval_run_key(exp, config))
+    shape = dataclasses.replace(exp.train.rollout, groups=config.episodes, group_size=1)
+    metrics = {}
+    for name, (env, codec) in eval_envs(exp, config).items():
+        try:
+            play = _policy(exp, policy, env)
+        except ValueError:  # this policy has no version for this env
+            continue
+        encoder = build_reply_encoder(exp.tokenizer, env, codec,
+                                      max_actions_per_turn=shape.max_actions_per_turn)
+        out = jax.jit(lambda k, rk: demonstrate(
+            env, codec, shape, play, encoder, k, eos_id=exp.tokenizer.eos_token_id,
+            pad_id=exp.tokenizer.pad_token_id, reset_key=rk))(sample_key, reset_key)
+        values = jax.device_get(eval_metrics(out, 1))
+        metrics.update({f"val/{name}/{mode}/{k}": float(v) for mode in config.modes
+                        for k, v in values.items()})
+    return metrics

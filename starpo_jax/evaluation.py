@@ -63,6 +63,9 @@ class EvalConfig:
     pass_k: int = 4  # sampled mode: rollouts per initial state
     temperature: float = 0.5  # sampled mode (RAGEN's validation temperature)
     samples: int = 4  # conversations per (env, mode) in samples_text
+    # The held-out states (and sampling noise) of the run with this seed; None = the run's own.
+    # Runs of several seeds given one eval seed meet the same states: paired comparisons.
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if not self.envs or not all(isinstance(e, str) and e for e in self.envs):
@@ -77,6 +80,10 @@ class EvalConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"eval.{name} = {value!r} is invalid; valid: an int >= {low}")
+        if self.seed is not None and (not isinstance(self.seed, int) or
+                                      isinstance(self.seed, bool) or self.seed < 0):
+            raise ValueError(f"eval.seed = {self.seed!r} is invalid; valid: None (the run's "
+                             "seed) or an int >= 0")
         t = self.temperature
         if not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t <= 100):
             raise ValueError(f"eval.temperature = {self.temperature!r} is invalid; valid: a "

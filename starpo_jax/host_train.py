@@ -116,15 +116,16 @@ class HostEvaluator(EvaluatorBase):
         self._pools.clear()
 
 
-def build_evaluator(exp: Any, config: EvalConfig) -> HostEvaluator:
-    """The HostEvaluator of a host-env Experiment (api.build_evaluator's host branch)."""
+def build_evaluator(exp: Any, config: EvalConfig, key: jax.Array) -> HostEvaluator:
+    """The HostEvaluator of a host-env Experiment (api.build_evaluator's host branch), its
+    held-out states drawn from run key `key`."""
     envs = {}
     for name in config.envs:
         text = exp.codec if name == exp.config.env.name else _text(
             exp.config, exp.train, exp.tokenizer, envs_host.make(name))
         envs[name] = (envs_host.factory(name), text)
     return HostEvaluator(nnx.graphdef(exp.model), exp.tokenizer, envs, exp.train.rollout, config,
-                         exp.key, PoolConfig(**exp.config.host.to_dict()),
+                         key, PoolConfig(**exp.config.host.to_dict()),
                          eos_id=exp.tokenizer.eos_token_id, pad_id=exp.tokenizer.pad_token_id)
 
 

@@ -199,6 +199,7 @@ def test_format_conversation_shows_prompt_replies_and_outcome(modes, env, arm):
     ("eval.episodes", 0, "eval.episodes = 0 is invalid; valid: an int >= 1"),
     ("eval.pass_k", -1, "eval.pass_k = -1 is invalid; valid: an int >= 1"),
     ("eval.temperature", 0.0, "eval.temperature = 0.0 is invalid"),
+    ("eval.seed", -1, "eval.seed = -1 is invalid; valid: None (the run's seed) or an int >= 0"),
     ("eval_every", -1, "config.eval_every = -1 is invalid; valid: an int >= 0 (0 = never)"),
     ("sample_every", -2, "config.sample_every = -2 is invalid; valid: an int >= 0"),
 ])
@@ -208,6 +209,25 @@ def test_bad_eval_config_is_rejected_naming_the_key(key, value, expected):
     with pytest.raises(ValueError) as error:
         api.train_config(config)
     assert expected in str(error.value)
+
+
+def test_eval_seed_gives_every_seed_that_seeds_heldout_states():
+    exp = tiny_experiment()
+    own = api.build_evaluator(_with_eval(exp, episodes=EPISODES))
+    other = reproduce_for_seed(exp, 1)
+    assert not np.array_equal(api.build_evaluator(other).reset_keys, own.reset_keys)
+    fixed = api.build_evaluator(_with_eval(other, episodes=EPISODES, seed=exp.config.seed))
+    np.testing.assert_array_equal(fixed.reset_keys, own.reset_keys)
+    np.testing.assert_array_equal(fixed.sample_key, own.sample_key)
+
+
+def reproduce_for_seed(exp: api.Experiment, seed: int) -> api.Experiment:
+    """`exp` as api.build gives it for `seed` (keys from api.run_keys), eval.episodes EPISODES."""
+    config = exp.config.copy_and_resolve_references()
+    config.seed = seed
+    config.eval.episodes = EPISODES
+    init_key, key = api.run_keys(seed)
+    return dataclasses.replace(exp, config=config, key=key, init_key=init_key)
 
 
 @pytest.mark.parametrize("env, envs, expected", [
