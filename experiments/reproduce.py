@@ -54,16 +54,20 @@ import jax  # noqa: E402
 from ml_collections import config_dict  # noqa: E402
 
 from starpo_jax import api, report  # noqa: E402
+from starpo_jax import sft as sft_lib  # noqa: E402
 from starpo_jax import sweep as sweep_lib  # noqa: E402
 from starpo_jax.logging import METRICS_FILE, format_duration  # noqa: E402
 from starpo_jax.workdir import check_config, write_atomically  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as run_py  # noqa: E402
-from suites import SUITES, Setting, Suite, estimate_seconds, plan_text  # noqa: E402
+from suites import (SFT_SEED, SUITES, Setting, Suite, estimate_seconds,  # noqa: E402
+                    final_pairs, plan_text)
 
 ROOT = Path(__file__).resolve().parents[1]
-DONE, BEFORE = "done.json", "eval_step_0.json"
+DONE, BEFORE, FINAL = "done.json", "eval_step_0.json", "eval_final.json"
+BASELINES = "baselines.json"  # an SFT run's: the random policy and the solver, same states
+POLICIES = ("random", "solver")
 ConfigDict = config_dict.ConfigDict
 
 # --- running ---------------------------------------------------------------------------------
@@ -79,10 +83,44 @@ def for_seed(exp: api.Experiment, config: ConfigDict) -> api.Experiment:
     again."""
     if exp.train.lora.rank or exp.mesh is not None:
         return api.build(config)
-    init_key, key = jax.random.split(jax.random.PRNGKey(config.seed))
+    init_key, key = api.run_keys(config.seed)
     seeded = dataclasses.replace(exp, config=config, key=key, init_key=init_key)
     seeded.state = seeded.fresh_state()
     return seeded
+
+
+def run_config(setting: Setting, seed: int, workdir: Path) -> ConfigDict:
+    """The setting's config for `seed`, starting from its start's SFT run if it has one."""
+    config = setting.config(seed)
+    if setting.start is not None:
+        config.model.init_from = str(run_dir(workdir, setting.start.name, SFT_SEED))
+    return config
+
+
+def _without_sft(config: ConfigDict) -> ConfigDict:
+    return sft_lib.split_config(config)[0] if "sft" in config else config
+
+
+def final_evaluation(exp: api.Experiment, setting: Setting) -> dict[str, float]:
+    """The setting's final evaluation of exp's current policy: the (env, mode) pairs of
+    final_eval its own evaluations do not cover, on the same held-out states."""
+    config = _without_sft(exp.config)
+    metrics = {}
+    pairs = final_pairs(setting, config)
+    for mode in dict.fromkeys(mode for _, mode in pairs):
+        c = setting.final_config(config)
+        c.eval.update(envs=",".join(env for env, m in pairs if m == mode), modes=mode)
+        evaluator = api.build_evaluator(dataclasses.replace(exp, config=c))
+        metrics.update(evaluator.evaluate(exp.state.actor).metrics)
+    return metrics
+
+
+def baselines(exp: api.Experiment, setting: Setting) -> dict[str, dict[str, float]]:
+    """policy -> api.policy_baseline on the held-out states of the setting's final evaluation
+    (its envs and modes)."""
+    config = _without_sft(exp.config)
+    final = dataclasses.replace(exp, config=setting.final_config(config) or config)
+    return {policy: api.policy_baseline(final, policy) for policy in POLICIES}
 
 
 def _finished(path: Path) -> dict | None:
@@ -100,10 +138,15 @@ def _train_one(exp: api.Experiment, path: Path, setting: Setting, stop: threadin
     path.mkdir(parents=True, exist_ok=True)
     partial = path / "partial_seconds.json"  # wall time of earlier, interrupted attempts
     earlier = json.loads(partial.read_text()) if partial.exists() else 0.0
+    if setting.sft and setting.final_eval and not (path / BASELINES).exists():
+        write_atomically(path / BASELINES, json.dumps(baselines(exp, setting), indent=1) + "\n")
     if setting.eval_before and not (path / BEFORE).exists():
-        result = api.build_evaluator(exp).evaluate(exp.state.actor)
-        write_atomically(path / BEFORE, json.dumps(result.metrics, indent=1) + "\n")
-        say("  before training: " + ", ".join(f"{k}={v:.3g}" for k, v in result.metrics.items()
+        if setting.start is not None:  # the start's weights and held-out states: its numbers
+            metrics = last_evaluation(run_dir(path.parents[2], setting.start.name, SFT_SEED))
+        else:
+            metrics = api.build_evaluator(exp).evaluate(exp.state.actor).metrics
+        write_atomically(path / BEFORE, json.dumps(metrics, indent=1) + "\n")
+        say("  before training: " + ", ".join(f"{k}={v:.3g}" for k, v in metrics.items()
                                                if k.endswith(("/success", "/action_is_valid"))))
     resume = (path / "checkpoints").exists() and any((path / "checkpoints").iterdir())
     done = run_py.train(exp, path, resume=resume, stop=stop)
@@ -111,8 +154,15 @@ def _train_one(exp: api.Experiment, path: Path, setting: Setting, stop: threadin
     if done < exp.config.steps:
         write_atomically(partial, json.dumps(seconds))
         return False
+    if setting.final_eval and not (path / FINAL).exists():
+        metrics = final_evaluation(exp, setting)
+        write_atomically(path / FINAL, json.dumps(metrics, indent=1) + "\n")
+        say("  final evaluation: " + ", ".join(f"{k}={v:.3g}" for k, v in metrics.items()
+                                                if k.endswith("/success")))
+        seconds = earlier + time.perf_counter() - start
     write_atomically(path / DONE, json.dumps({"steps": done, "seconds": seconds}) + "\n")
-    if not keep_checkpoints:
+    # An SFT run's newest checkpoint is the start of the runs after it: kept.
+    if not keep_checkpoints and not setting.sft:
         shutil.rmtree(path / "checkpoints", ignore_errors=True)
     return True
 
@@ -134,7 +184,7 @@ def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
             tag = f"[run {todo.index((setting.name, seed)) + 1}/{len(todo)}] {setting.name} " \
                   f"seed {seed}"
             path = run_dir(workdir, setting.name, seed)
-            config = setting.config(seed)
+            config = run_config(setting, seed, workdir)
             if _finished(path):
                 # A finished run made with another config is refused, not reused.
                 check_config(path / "config.json", config.to_dict(), True,
@@ -144,7 +194,10 @@ def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
             say(f"{tag}: {'resuming' if (path / 'checkpoints').exists() else 'starting'} "
                 f"-> {path}")
             run_start = time.perf_counter()
-            exp = api.build(config) if exp is None else for_seed(exp, config)
+            if setting.sft:
+                exp = sft_lib.build(config)
+            else:
+                exp = api.build(config) if exp is None else for_seed(exp, config)
             if not _train_one(exp, path, setting, stop, say, keep_checkpoints):
                 say(f"{tag}: stopped at step {exp.steps_done}/{config.steps}; the same command "
                     "resumes it")
@@ -164,12 +217,38 @@ def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
 # --- the report ------------------------------------------------------------------------------
 
 def load_rows(path: Path) -> list[dict]:
-    """A run's metrics.jsonl lines, preceded by its step-0 evaluation (step 0) if any."""
+    """A run's metrics.jsonl lines, preceded by its step-0 evaluation (step 0) if any, its
+    final evaluation (if any) merged into its last line."""
     rows = [json.loads(line) for line in (path / METRICS_FILE).read_text().splitlines()
             if line.strip()]
+    if (path / FINAL).exists():
+        rows[-1] = {**rows[-1], **json.loads((path / FINAL).read_text())}
     if (path / BEFORE).exists():
         rows.insert(0, {"step": 0, **json.loads((path / BEFORE).read_text())})
     return rows
+
+
+def last_evaluation(path: Path) -> dict[str, float]:
+    """The val/ metrics of a run's last evaluation (its final evaluation's included)."""
+    evaluations = report.evaluations(load_rows(path))
+    return evaluations[max(evaluations)] if evaluations else {}
+
+
+def references(spec_settings: Sequence[Setting], workdir: Path) -> dict[str, dict[str, float]]:
+    """Table-4 reference rows of the settings' starts that finished: label -> val/ metrics of
+    the random policy, the solver and the SFT start (one evaluation each)."""
+    out = {}
+    for start in dict.fromkeys(s.start for s in spec_settings if s.start is not None):
+        path = run_dir(workdir, start.name, SFT_SEED)
+        if not _finished(path):
+            continue
+        env = start.config().env.name
+        if (path / BASELINES).exists():
+            for policy, metrics in json.loads((path / BASELINES).read_text()).items():
+                out[f"{policy} policy ({env})" if policy == "random" else f"{policy} ({env})"] = \
+                    metrics
+        out[f"SFT start ({env})"] = last_evaluation(path)
+    return out
 
 
 def results(suite: Suite, workdir: Path) -> list[report.ExperimentResult]:
@@ -187,7 +266,8 @@ def results(suite: Suite, workdir: Path) -> list[report.ExperimentResult]:
         out.append(report.ExperimentResult(
             spec.name, spec.title, spec.kind, spec.about, runs,
             labels={s.name: s.label for s in spec.settings},
-            config={s.name: _shown_config(s) for s in spec.settings}, wall_seconds=wall))
+            config={s.name: _shown_config(s) for s in spec.settings}, wall_seconds=wall,
+            references=references(spec.settings, workdir)))
     return out
 
 
@@ -199,6 +279,8 @@ def _shown_config(setting: Setting) -> dict[str, Any]:
              "rollouts": f"{c.rollout.groups}x{c.rollout.group_size}",
              "reply_tokens": c.rollout.reply_tokens, "nothink": c.nothink, "steps": c.steps,
              "actor_lr": c.optim.actor_lr}
+    if setting.start is not None:
+        shown["start"] = setting.start.name
     return {**shown, **setting.overrides}
 
 

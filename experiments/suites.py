@@ -17,6 +17,7 @@ from typing import Any, Callable
 from ml_collections import config_dict
 
 from starpo_jax import api
+from starpo_jax import sft as sft_lib
 from starpo_jax import sweep as sweep_lib
 from starpo_jax.logging import format_duration
 
@@ -24,13 +25,19 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 ConfigDict = config_dict.ConfigDict
 # The tiny suite's prompt (tests/test_api.py's tiny_config: the same program as the tests').
 SHORT_TURN = "Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens."
+SFT_SEED = 0  # an SFT setting runs once, with this seed; every seed of its RL settings starts there
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """A config trained with several seeds. `name` names its run directories (unique in a
     suite); `overrides` (dotted keys) are applied to `base()` and shown in the report;
     `step_seconds` estimates one step's time (None: no estimate, e.g. GPU suites);
-    `eval_before`: evaluate the untrained policy (step 0) before training."""
+    `eval_before`: evaluate the untrained policy (step 0) before training (a run with a
+    `start` copies its start's last evaluation instead: the same weights and held-out states).
+    `sft`: an SFT run (starpo_jax.sft; its base has the `sft` section); `start`: the SFT
+    setting whose seed-0 run (SFT_SEED) every seed of this one starts from (model.init_from,
+    set by reproduce.py); `final_eval`: eval keys (e.g. envs, modes) of one more evaluation of
+    the final weights, of the (env, mode) pairs the run's own evaluations did not cover."""
 
     name: str
     label: str
@@ -38,9 +45,23 @@ class Setting:
     overrides: dict[str, Any]
     step_seconds: float | None = None
     eval_before: bool = False
+    sft: bool = False
+    start: Setting | None = None
+    final_eval: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def config(self, seed: int = 0) -> ConfigDict:
+        if self.sft:
+            return sweep_lib.setting_config(self.base(), self.overrides, seed,
+                                            check=sft_lib.split_config)
         return sweep_lib.setting_config(self.base(), self.overrides, seed)
+
+    def final_config(self, config: ConfigDict) -> ConfigDict | None:
+        """`config` with the final evaluation's eval keys (None when there is none)."""
+        if not self.final_eval:
+            return None
+        final = config.copy_and_resolve_references()
+        final.eval.update(self.final_eval)
+        return final
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,14 +81,17 @@ class Spec:
 class Suite:
     experiments: tuple[Spec, ...]
     build_seconds: float | None = None  # per setting: model load, step compile, memory sizing
-    eval_seconds: float | None = None  # per env and evaluation, its compile amortised
+    eval_row_seconds: float | None = None  # per held-out rollout, its compile amortised
 
     def with_overrides(self, overrides: dict[str, Any]) -> Suite:
-        """The suite with `overrides` (dotted keys, e.g. model.source) in every setting."""
+        """The suite with `overrides` (dotted keys, e.g. model.source) in every setting (and
+        the SFT settings they start from)."""
+        def setting(s: Setting) -> Setting:
+            start = None if s.start is None else setting(s.start)
+            return dataclasses.replace(s, overrides={**s.overrides, **overrides}, start=start)
+
         def apply(spec: Spec) -> Spec:
-            settings = tuple(dataclasses.replace(s, overrides={**s.overrides, **overrides})
-                             for s in spec.settings)
-            return dataclasses.replace(spec, settings=settings)
+            return dataclasses.replace(spec, settings=tuple(map(setting, spec.settings)))
         return dataclasses.replace(self, experiments=tuple(map(apply, self.experiments)))
 
     def only(self, names: list[str]) -> Suite:
@@ -82,16 +106,26 @@ class Suite:
             spec for spec in self.experiments if spec.name in names))
 
     def settings(self) -> list[tuple[Setting, tuple[int, ...]]]:
-        """Every distinct setting once, with the union of the seeds its experiments ask."""
+        """Every distinct setting once, with the union of the seeds its experiments ask; the
+        SFT settings the others start from first (their seed SFT_SEED only)."""
         seen: dict[str, tuple[Setting, list[int]]] = {}
+
+        def add(setting: Setting, seeds: tuple[int, ...]) -> None:
+            known, have = seen.setdefault(setting.name, (setting, []))
+            # The same runs under another label (experiment 3's keep 0.25) are shared.
+            if known.config().to_json() != setting.config().to_json() or \
+                    known.final_eval != setting.final_eval:
+                raise ValueError(f"two settings with different configs are named "
+                                 f"{setting.name!r}")
+            have += [s for s in seeds if s not in have]
+
         for spec in self.experiments:
             for setting in spec.settings:
-                known, seeds = seen.setdefault(setting.name, (setting, []))
-                # The same runs under another label (experiment 3's keep 0.25) are shared.
-                if known.config().to_json() != setting.config().to_json():
-                    raise ValueError(f"two settings with different configs are named "
-                                     f"{setting.name!r}")
-                seeds += [s for s in spec.seeds if s not in seeds]
+                if setting.start is not None:
+                    add(setting.start, (SFT_SEED,))
+        for spec in self.experiments:
+            for setting in spec.settings:
+                add(setting, spec.seeds)
         return [(setting, tuple(seeds)) for setting, seeds in seen.values()]
 
 
@@ -99,11 +133,16 @@ class Suite:
 
 # Seconds per step, SmolLM2-135M on a quiet 2-core CPU, checkpoints and logging included.
 # Bandit (4 x 8 rollouts, one turn): the suite's own runs (keep 1.0 28-37 s, keep 0.25 13-16 s).
-# Grid (4 x 4 rollouts, 5 turns of ~200 tokens): from a 4 x 8 FrozenLake PPO step measured at
-# 255-265 s (rollout ~110 s, old log-probs ~15 s, the update ~140 s), halved rows; GRPO has no
-# critic to train.
+# Grid (4 x 4 rollouts, 5 turns of ~200 tokens): the suite's own 4 x 4 StarPO-S GRPO steps of
+# 16-token replies (95-101 s, results/cpu runs/sokoban_grpo), 24-token budgets taken as ~10%
+# more; PPO adds the critic's update (a 4 x 8 FrozenLake PPO step: 255-265 s, the update ~140
+# s); vanilla updates on all 16 rows (no filter) and a reference forward for its KL. An SFT
+# step: 8 demonstration rows (no sampling) through the update's forward and backward, remat.
+# A held-out rollout (5 turns) ~3.5 s: 16 greedy Sokoban states on 3 envs took 218 s with their
+# 3 compiles (results/cpu).
 STEP_SECONDS = {"bandit_keep_0.25": 15.0, "bandit_keep_0.5": 20.0, "bandit_keep_1.0": 32.0,
-                "grid_grpo": 120.0, "grid_ppo": 160.0}
+                "grid_grpo": 110.0, "grid_ppo": 160.0, "grid_vanilla": 140.0, "grid_sft": 30.0}
+GRID_EVAL_ROW_SECONDS = 3.5
 CPU_LR = 1e-5  # README: at 1e-5 the quickstart's entropy and reward std collapse by step 10
 GRID_LR = 5e-6  # quickstart.QUICK_LR: a 135M model moves visibly within a few steps
 
@@ -120,19 +159,46 @@ def _quickstart_bandit() -> ConfigDict:
     return c
 
 
+# Experiment 2's shape (issue 31; the sizing in cpu_suite's docstring).
+GRID_STEPS, GRID_EVAL_EVERY, GRID_EPISODES, GRID_REPLY_TOKENS = 10, 5, 64, 24
+# Rollout knobs the SFT run and the runs started from it share, so that their evaluations are
+# the same program on the same held-out states (eval.seed = SFT_SEED).
+GRID_ROLLOUT = {"cache_dtype": "float32", "chunks": 1}
+
+
+def _grid_eval(c: ConfigDict, env: str) -> None:
+    """The runs' own evaluations: the training env, greedy, GRID_EPISODES held-out states of
+    seed SFT_SEED's run, every GRID_EVAL_EVERY steps and after the last."""
+    c.eval_every = c.sample_every = GRID_EVAL_EVERY
+    c.eval.update(envs=env, modes="greedy", episodes=GRID_EPISODES, pass_k=1, seed=SFT_SEED)
+
+
 def _grid(env: str, algo: str) -> Callable[[], ConfigDict]:
     def base() -> ConfigDict:
-        """Multi-turn at CPU scale: 4 x 4 rollouts, NoThink replies of up to 16 tokens, the
-        env's 5 turns / 10 actions, 3 steps; greedy evaluation of 16 held-out states on the env
-        and its OOD variants before training and after step 3. Few steps: a 5-turn step of
-        SmolLM2 costs minutes here (its update is a backward pass over ~1,000-token rows)."""
-        c = api.config_for(env, algo, groups=4, group_size=4, reply_tokens=16)
+        """Multi-turn at CPU scale from the SFT start: 4 x 4 rollouts, NoThink replies of up
+        to 24 tokens (the SFT run's), the env's 5 turns / 10 actions, GRID_STEPS steps at
+        GRID_LR; greedy held-out evaluations every GRID_EVAL_EVERY steps (_grid_eval)."""
+        c = api.config_for(env, algo, groups=4, group_size=4, reply_tokens=GRID_REPLY_TOKENS)
         c.nothink = True
-        c.steps = 3
+        c.steps = GRID_STEPS
         c.optim.actor_lr = GRID_LR
-        c.eval_every, c.sample_every = 3, 3
-        c.eval.update(episodes=16, modes="greedy")
+        c.rollout.update(GRID_ROLLOUT)
+        _grid_eval(c, env)
         c.checkpoint_every, c.keep_checkpoints = 1, 1
+        return c
+    return base
+
+
+def _grid_sft(env: str) -> Callable[[], ConfigDict]:
+    def base() -> ConfigDict:
+        """The shipped <env>_sft.py (`random` demonstrations, 8 rows a step, 10 steps at lr
+        1e-4, 24-token replies) with the RL runs' rollout knobs and evaluations: its last
+        evaluation (and final_eval) is the SFT start."""
+        c = load_config(f"{env}_sft")
+        c.rollout.update(GRID_ROLLOUT)
+        _grid_eval(c, env)
+        c.eval_every = c.steps  # the SFT start only: SFT curves are not the experiment's
+        c.keep_checkpoints = 1  # the newest: the RL runs' start (reproduce.py keeps it)
         return c
     return base
 
@@ -192,18 +258,90 @@ MULTI_TURN_ABOUT = (
     "initial states of the training env and its out-of-distribution variants (sokoban_large: "
     "8x8 with 2 boxes; sokoban_new_vocab: other symbols), before and after training. For "
     "scale: random play reaches ~22% on the original's FrozenLake maps (RAGEN).")
+SFT_ABOUT = (
+    "SmolLM2 does not answer the grid games in format untrained, so every run starts from an "
+    "SFT warm start on `random` demonstrations (the format, not the task: experiments/configs/"
+    "<env>_sft.py, seed 0, shared by every seed). StarPO-S with GRPO and with PPO (critic, "
+    "GAE), and vanilla StarPO (GRPO, KL 0.001, clip 0.2, no filter), NoThink, 5 turns and 10 "
+    "actions. Held-out initial states (the same for every run, seed and baseline) of the "
+    "training env and, for StarPO-S GRPO, Sokoban's out-of-distribution variants "
+    "(sokoban_large: 8x8 with 2 boxes; sokoban_new_vocab: other symbols), greedy and sampled "
+    "(temperature 0.5, one rollout each): the random policy, the solver (no solver for two "
+    "boxes), the SFT start, and each run's start -> end. Goal (issue 31): on Sokoban, held-out "
+    "greedy success at least 15 points above the SFT start in every seed.")
+
+
+def _multi_turn_specs(seeds: tuple[int, ...], estimate: dict[str, float | None],
+                      ) -> tuple[Spec, ...]:
+    """Experiment 2 (table), its Echo Trap on Sokoban and experiment 4 (GiGPO): see cpu_suite."""
+    def full(env: str) -> dict[str, str]:
+        return {"envs": ",".join(api.eval_config(api.config_for(env, "grpo")).envs),
+                "modes": "greedy,sampled"}
+
+    starts = {env: Setting(f"{env}_sft", f"SFT start ({env}, random demonstrations)",
+                           _grid_sft(env), {}, estimate["grid_sft"], sft=True,
+                           final_eval=full(env))
+              for env in ("sokoban", "frozen_lake")}
+    own = {"modes": "greedy,sampled"}  # the training env only
+
+    def rl(env: str, algo: str, kind: str, label: str, overrides: dict[str, Any],
+           final: dict[str, str]) -> Setting:
+        return Setting(f"{env}_{kind}", f"{env} {label}", _grid(env, algo), overrides,
+                       estimate[f"grid_{'vanilla' if kind == 'vanilla' else algo}"],
+                       eval_before=True, start=starts[env], final_eval=final)
+
+    grpo = rl("sokoban", "grpo", "grpo_s", "StarPO-S GRPO", {}, full("sokoban"))
+    vanilla = rl("sokoban", "grpo", "vanilla", "vanilla StarPO (GRPO)", {"vanilla": True}, own)
+    table = (grpo, rl("sokoban", "ppo", "ppo_s", "StarPO-S PPO", {}, own), vanilla,
+             rl("frozen_lake", "grpo", "grpo_s", "StarPO-S GRPO", {}, own))
+    multi = Spec("multi_turn", "2. Multi-turn learning from an SFT start: Sokoban and "
+                 "FrozenLake", "table4", SFT_ABOUT, table, seeds)
+    echo = Spec("echo_trap_sokoban", "2b. Echo Trap in multi-turn: vanilla StarPO against "
+                "StarPO-S on Sokoban", "echo_trap",
+                "Experiment 2's vanilla StarPO and StarPO-S GRPO runs on Sokoban (the same "
+                "runs, seeds and SFT start). The paper sees vanilla GRPO's reward std and "
+                "entropy collapse near step 10 on Sokoban.", (vanilla, grpo), seeds)
+    gigpo = rl("sokoban", "grpo", "gigpo_s", "StarPO-S GiGPO",
+               {"advantage.estimator": "gigpo"}, own)
+    step_level = Spec(
+        "gigpo", "4. Step-level credit: GiGPO against GRPO on Sokoban", "table4",
+        "StarPO-S with GiGPO's advantages (episode-level GRPO plus step-level credit over the "
+        "turns that start from the same env state, exact in JAX: `advantage.estimator=gigpo`) "
+        "against experiment 2's StarPO-S GRPO runs (shared), from the same SFT start, shapes, "
+        "seeds and held-out states. rollout/anchor_share: the share of taken turns whose start "
+        "state another turn of its group shares. Goal (issue 33): GiGPO reaches GRPO's final "
+        "held-out success in fewer steps, or ends higher.",
+        (dataclasses.replace(grpo, label="sokoban StarPO-S GRPO (experiment 2's runs)"), gigpo),
+        seeds)
+    return multi, echo, step_level
 
 
 def cpu_suite() -> Suite:
-    """SmolLM2, quickstart-sized shapes; about 3 hours on a 2-core CPU (--dry-run)."""
+    """SmolLM2, CPU-sized shapes; the plan and its total: `reproduce.py --suite cpu --dry-run`.
+
+    Experiments 1 and 3 (Bandit) take about 1.5 hours. The multi-turn part (issue 31's
+    experiment 2, its Echo Trap on Sokoban, issue 33's GiGPO) is sized to <= 10 CPU-hours:
+    - held-out evaluations dominate: a 5-turn rollout costs ~3.5 s a row, so 64 states greedy
+      and 64 sampled on Sokoban and its two OOD variants are ~22 minutes per evaluation. Each
+      run evaluates 64 states greedily on its training env at steps 5 and 10 (the curves over
+      steps), then its final weights once more, sampled (one rollout at 0.5, as the original
+      validates) and, for StarPO-S GRPO (the method), on the OOD variants too (~15 minutes a
+      run); PPO, vanilla, GiGPO and FrozenLake skip the OOD evaluations (with them the part
+      would not fit: 45 minutes more for PPO alone). The
+      SFT start is evaluated once per env (its run's last evaluation), the "before" of every
+      run started from it; the random policy and the solver need no model (seconds).
+    - 4 x 4 rollouts, keep 0.25 (StarPO-S: the update runs on one group of 4 rows), 10 steps:
+      more steps rather than more groups (the rollout of 16 rows is most of a step); 10 steps
+      is where the paper sees vanilla GRPO collapse on Sokoban.
+    - Sokoban is the goal: StarPO-S GRPO, PPO, vanilla StarPO and GiGPO, 3 seeds each;
+      FrozenLake gets StarPO-S GRPO only (3 seeds).
+    - SFT: the shipped configs (8 rows, 10 steps, ~5 minutes) once per env, seed 0.
+    """
     echo, starpo_s = _echo_trap(_quickstart_bandit, (0, 1, 2), STEP_SECONDS, "bandit")
-    grid = tuple(Setting(f"{env}_{algo}", f"{env} StarPO-S {algo.upper()}", _grid(env, algo), {},
-                         STEP_SECONDS[f"grid_{algo}"], eval_before=True)
-                 for env in ("frozen_lake", "sokoban") for algo in ("ppo", "grpo"))
-    multi = Spec("multi_turn", "2. Multi-turn learning: FrozenLake and Sokoban", "table4",
-                 MULTI_TURN_ABOUT, grid, (0, 1))
+    multi, echo_grid, gigpo = _multi_turn_specs((0, 1, 2), STEP_SECONDS)
     ablation = _filter_ablation(_quickstart_bandit, starpo_s, (0, 1), STEP_SECONDS, "bandit")
-    return Suite((echo, multi, ablation), build_seconds=90.0, eval_seconds=60.0)
+    return Suite((echo, multi, echo_grid, ablation, gigpo), build_seconds=90.0,
+                 eval_row_seconds=GRID_EVAL_ROW_SECONDS)
 
 
 def paper_suite() -> Suite:
@@ -236,10 +374,32 @@ def tiny_suite() -> Suite:
     setting = Setting("tiny_starpo_s", "StarPO-S (tiny-random)", base, {}, step_seconds=0.5)
     spec = Spec("echo_trap", "Echo Trap (tiny smoke run)", "echo_trap",
                 "A tiny-random smoke run of the suite's machinery.", (setting,), (0, 1))
-    return Suite((spec,), build_seconds=30.0, eval_seconds=5.0)
+    return Suite((spec,), build_seconds=30.0, eval_row_seconds=0.1)
 
 
-SUITES = {"cpu": cpu_suite, "paper": paper_suite, "tiny": tiny_suite}
+# The tiny multi-turn suite's shape, over experiment 2's configs: tiny-random, 2 x 2 rows, 2
+# turns, 4 held-out states, 2 steps evaluated after each.
+TINY_GRID = {"model.source": "tiny-random", "rollout.groups": 2, "rollout.group_size": 2,
+             "rollout.max_turns": 2, "steps": 2, "eval_every": 1, "sample_every": 0,
+             "eval.episodes": 4, "checkpoint_every": 1, "check_memory": False,
+             "prompt.system": "", "prompt.intro": "", "prompt.turn": SHORT_TURN,
+             "prompt.verify": 20}
+
+
+def tiny_multi_turn_suite() -> Suite:
+    """Experiment 2's machinery at tiny-random scale, what the tests run: Sokoban's SFT start
+    (seed 0) and StarPO-S GRPO from it with seeds 0 and 1, evaluated on Sokoban only."""
+    sft = Setting("sokoban_sft", "SFT start (sokoban)", _grid_sft("sokoban"), {}, 0.5,
+                  sft=True, final_eval={"modes": "greedy,sampled"})
+    grpo = Setting("sokoban_grpo_s", "sokoban StarPO-S GRPO", _grid("sokoban", "grpo"), {}, 0.5,
+                   eval_before=True, start=sft, final_eval={"modes": "greedy,sampled"})
+    spec = Spec("multi_turn", "Multi-turn from an SFT start (tiny)", "table4",
+                "A tiny-random run of experiment 2's machinery.", (grpo,), (0, 1))
+    return Suite((spec,), build_seconds=30.0, eval_row_seconds=0.1).with_overrides(TINY_GRID)
+
+
+SUITES = {"cpu": cpu_suite, "paper": paper_suite, "tiny": tiny_suite,
+          "tiny_multi_turn": tiny_multi_turn_suite}
 
 
 # --- the plan and its estimate ---------------------------------------------------------------
@@ -254,14 +414,43 @@ def evaluations(config: ConfigDict, eval_before: bool) -> int:
     return int(eval_before) + len(due)
 
 
+def eval_config(config: ConfigDict):
+    """api.eval_config of a run's or an SFT run's config."""
+    return api.eval_config(sft_lib.split_config(config)[0] if "sft" in config else config)
+
+
+def eval_pairs(config: ConfigDict) -> list[tuple[str, str]]:
+    """The (env, mode) pairs an evaluation of `config` runs."""
+    e = eval_config(config)
+    return [(env, mode) for env in e.envs for mode in e.modes]
+
+
+def final_pairs(setting: Setting, config: ConfigDict) -> list[tuple[str, str]]:
+    """The (env, mode) pairs of the setting's final evaluation: its final_eval's, less those
+    the run's own evaluations cover (none when the run does not evaluate)."""
+    final = setting.final_config(config)
+    if final is None:
+        return []
+    own = set(eval_pairs(config)) if config.eval_every else set()
+    return [pair for pair in eval_pairs(final) if pair not in own]
+
+
+def eval_rows(config: ConfigDict, pairs: list[tuple[str, str]]) -> int:
+    """Held-out rollouts of an evaluation of `pairs`: episodes each, x pass_k when sampled."""
+    e = eval_config(config)
+    return sum(e.episodes * (e.pass_k if mode == "sampled" else 1) for _, mode in pairs)
+
+
 def estimate_seconds(suite: Suite, setting: Setting, seeds: int) -> float | None:
-    """The estimated wall time of a setting's `seeds` runs (build, steps, evaluations)."""
-    if None in (setting.step_seconds, suite.build_seconds, suite.eval_seconds):
+    """The estimated wall time of a setting's `seeds` runs (build, steps, evaluations; the
+    evaluation before training of a run with a start is its start's, copied)."""
+    if None in (setting.step_seconds, suite.build_seconds, suite.eval_row_seconds):
         return None
     config = setting.config()
-    envs = len(api.eval_config(config).envs)
-    per_run = (config.steps * setting.step_seconds
-               + evaluations(config, setting.eval_before) * envs * suite.eval_seconds)
+    before = setting.eval_before and setting.start is None
+    rows = (evaluations(config, before) * eval_rows(config, eval_pairs(config))
+            + eval_rows(config, final_pairs(setting, config)))
+    per_run = config.steps * setting.step_seconds + rows * suite.eval_row_seconds
     return suite.build_seconds + seeds * per_run
 
 
@@ -276,14 +465,19 @@ def plan_text(suite: Suite, name: str) -> str:
     for setting, seeds in suite.settings():
         config = setting.config()
         est = estimate_seconds(suite, setting, len(seeds))
-        evals = evaluations(config, setting.eval_before)
-        envs = ",".join(api.eval_config(config).envs) if evals else "-"
+        evals = evaluations(config, setting.eval_before and setting.start is None)
+        envs = ",".join(eval_config(config).envs) if evals else "-"
+        final = final_pairs(setting, config)
         step = "?" if setting.step_seconds is None else f"{setting.step_seconds:g}s/step"
-        lines.append(f"  {setting.name}: {config.env.name} {config.algo} {config.model.source} "
+        kind = "SFT" if setting.sft else config.algo
+        lines.append(f"  {setting.name}: {config.env.name} {kind} {config.model.source} "
                      f"{config.rollout.groups}x{config.rollout.group_size} rollouts, seeds "
                      f"{','.join(map(str, seeds))}, {config.steps} steps at ~{step}, "
-                     f"{evals} evaluations on {envs} -> "
-                     f"{'?' if est is None else format_duration(est)}")
+                     f"{evals} evaluations on {envs}"
+                     + (f" + a final one ({', '.join('/'.join(p) for p in final)})"
+                        if final else "")
+                     + (f", from {setting.start.name}" if setting.start else "")
+                     + f" -> {'?' if est is None else format_duration(est)}")
         runs += len(seeds)
         total += est or 0.0
         known = known and est is not None

@@ -39,7 +39,8 @@ CURVES = ("rollout/reward_mean", "rollout/reward_std", "actor/entropy", "actor/g
           "rollout/think_length")
 # The final-numbers table: mean over each seed's last `final_steps` steps.
 FINAL = ("train/success", "rollout/action_is_valid", "rollout/reward_mean",
-         "rollout/reward_std", "actor/entropy", "rollout/response_length")
+         "rollout/reward_std", "actor/entropy", "rollout/response_length",
+         "rollout/anchor_share")
 ECHO_TRAP = ("rollout/reward_std", "actor/entropy")
 _VAL = re.compile(r"^val/([^/]+)/([^/]+)/(.+)$")
 
@@ -51,7 +52,8 @@ class ExperimentResult:
     kind: "echo_trap" adds the half-peak table, "table4" the before/after evaluation table,
     anything else only the common parts. labels: setting -> legend text (default the name);
     config: setting -> the config keys it sets (shown in the report); wall_seconds: setting ->
-    seed -> seconds the run took.
+    seed -> seconds the run took; references: label -> val/ metrics of one evaluation shown
+    above the settings in "table4" (the random policy, the solver, an SFT start).
     """
 
     name: str
@@ -63,6 +65,7 @@ class ExperimentResult:
     config: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     wall_seconds: Mapping[str, Mapping[int, float]] = dataclasses.field(default_factory=dict)
     final_steps: int = 3
+    references: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     def label(self, setting: str) -> str:
         return self.labels.get(setting, setting)
@@ -74,8 +77,9 @@ class ExperimentResult:
 
 def train_curve(rows: Sequence[Row], metric: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps [T] int, values [T] float64) of `metric` over the training steps (step >= 1)
-    that logged it."""
-    kept = [(row["step"], row[metric]) for row in rows if row["step"] >= 1 and metric in row]
+    that logged it; a val/ metric from step 0 (its evaluation before training) on."""
+    first = 0 if metric.startswith("val/") else 1
+    kept = [(row["step"], row[metric]) for row in rows if row["step"] >= first and metric in row]
     return (np.array([s for s, _ in kept], dtype=int),
             np.array([v for _, v in kept], dtype=np.float64))
 
@@ -203,13 +207,18 @@ def _before_after(runs: Mapping[int, Sequence[Row]], name: str,
 def table4(exp: ExperimentResult, mode: str = "greedy") -> str:
     """Markdown in the layout of RAGEN's Table 4: a row per setting, per evaluated env (the
     training env and its out-of-distribution variants) success and valid-action rate before
-    -> after training, mean ± std over seeds, on the held-out initial states."""
+    -> after training, mean ± std over seeds, on the held-out initial states; first the
+    reference rows (exp.references: one evaluation each, '-' where it lacks the metric)."""
     envs = [env for env, m in eval_envs_modes(exp) if m == mode]
     if not envs:
         return f"(no {mode} evaluations logged)\n"
     head = " | ".join(f"{env} success | {env} valid actions" for env in envs)
     lines = [f"| setting ({mode}, before -> after) | {head} |",
              "|---|" + "---|---|" * len(envs)]
+    for label, metrics in exp.references.items():
+        cells = [f"{metrics[name]:.2f}" if name in metrics else "-" for env in envs
+                 for name in (f"val/{env}/{mode}/success", f"val/{env}/{mode}/action_is_valid")]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     for setting, runs in exp.runs.items():
         cells = []
         for env in envs:
@@ -294,8 +303,8 @@ def failure_figure(exp: ExperimentResult, prefix: str) -> Any | None:
 
 def figures(exp: ExperimentResult) -> dict[str, Any]:
     """file name -> Figure of every figure the experiment's runs have data for: the CURVES
-    (think_length only when some run thought), train/ failure fractions, and val/ failure
-    fractions per evaluated (env, mode)."""
+    (think_length only when some run thought), held-out success over the evaluated steps and
+    val/ failure fractions per evaluated (env, mode), and train/ failure fractions."""
     out = {}
     for metric in CURVES:
         if metric == "rollout/think_length" and not any(
@@ -305,6 +314,10 @@ def figures(exp: ExperimentResult) -> dict[str, Any]:
         figure = curve_figure(exp, metric)
         if figure is not None:
             out[f"{exp.name}_{metric.split('/')[-1]}.png"] = figure
+    for env, mode in eval_envs_modes(exp):
+        figure = curve_figure(exp, f"val/{env}/{mode}/success")
+        if figure is not None:
+            out[f"{exp.name}_heldout_{env}_{mode}_success.png"] = figure
     prefixes = [("train", "train/failure/")]
     prefixes += [(f"{env}_{mode}", f"val/{env}/{mode}/failure/")
                  for env, mode in eval_envs_modes(exp)]
@@ -359,7 +372,8 @@ def experiment_markdown(exp: ExperimentResult, figure_names: Sequence[str]) -> s
     if exp.kind == "table4":
         parts.append("Held-out initial states, before -> after training (the layout of "
                      "RAGEN's Table 4):\n")
-        parts.append(table4(exp))
+        modes = dict.fromkeys(m for _, m in eval_envs_modes(exp)) or {"greedy": None}
+        parts += [table4(exp, mode) for mode in modes]
     parts += [f"![{name}](figures/{name})" for name in figure_names]
     return "\n".join(parts) + "\n"
 

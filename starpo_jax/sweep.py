@@ -159,8 +159,9 @@ def setting_name(setting: Mapping[str, Any]) -> str:
 
 
 def setting_config(base: ConfigDict, setting: Mapping[str, Any], seed: int | None = None,
-                   ) -> ConfigDict:
-    """A copy of `base` with the setting's values (and `seed`), checked by api.train_config."""
+                   check: Callable[[ConfigDict], Any] = api.train_config) -> ConfigDict:
+    """A copy of `base` with the setting's values (and `seed`), checked by `check` (an SFT
+    config's: sft.split_config)."""
     config = base.copy_and_resolve_references()
     for key, value in setting.items():
         section, leaf = _field(config, key)
@@ -170,13 +171,13 @@ def setting_config(base: ConfigDict, setting: Mapping[str, Any], seed: int | Non
             raise ValueError(f"--grid {key}={value!r}: {error}") from None
     if seed is not None:
         config.seed = seed
-    api.train_config(config)
+    check(config)
     return config
 
 
 def seed_start(exp: api.Experiment, seed: int) -> tuple[TrainState, jax.Array]:
     """The step-0 state and run key that api.build gives `exp`'s config with seed `seed`."""
-    init_key, key = jax.random.split(jax.random.PRNGKey(seed))
+    init_key, key = api.run_keys(seed)
     return init_train_state(exp.train, init_key, model=exp.model), key
 
 

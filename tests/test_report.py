@@ -10,6 +10,7 @@ numbers."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -133,6 +134,14 @@ def test_table4_before_and_after_per_env():
     assert row == ("| sokoban_ppo | 0.20 ± 0.10 -> 0.60 ± 0.10 | 0.20 ± 0.00 -> 0.90 ± 0.00 | "
                    "0.10 ± 0.05 -> 0.00 ± 0.00 | 0.10 ± 0.00 -> 1.00 ± 0.00 |")
     assert report.table4(exp, mode="sampled") == "(no sampled evaluations logged)\n"
+    # Reference rows (one evaluation each) above the settings; '-' where one has no metric.
+    exp = dataclasses.replace(exp, references={
+        "random policy (sokoban)": {"val/sokoban/greedy/success": 0.125,
+                                    "val/sokoban/greedy/action_is_valid": 1.0},
+        "SFT start (sokoban)": {"val/sokoban/greedy/success": 0.25}})
+    _, _, random_row, sft_row, _ = report.table4(exp).splitlines()
+    assert random_row == "| random policy (sokoban) | 0.12 | 1.00 | - | - |"
+    assert sft_row == "| SFT start (sokoban) | 0.25 | - | - | - |"
 
 
 def test_results_csv_round_trip():
@@ -162,7 +171,12 @@ def test_figures_have_a_line_and_band_per_setting_and_the_failure_classes():
 
     table4 = report.figures(_table4_experiment())
     assert set(table4) == {"mt_success.png", "mt_action_is_valid.png",
-                           "mt_failures_sokoban_greedy.png", "mt_failures_sokoban_large_greedy.png"}
+                           "mt_failures_sokoban_greedy.png", "mt_failures_sokoban_large_greedy.png",
+                           "mt_heldout_sokoban_greedy_success.png",
+                           "mt_heldout_sokoban_large_greedy_success.png"}
+    (heldout,) = table4["mt_heldout_sokoban_greedy_success.png"].axes
+    np.testing.assert_array_equal(heldout.get_lines()[0].get_xdata(), [0, 2])  # from step 0
+    np.testing.assert_allclose(heldout.get_lines()[0].get_ydata(), [0.2, 0.6])
     (panel,) = table4["mt_failures_sokoban_greedy.png"].axes  # one setting: one panel
     lines = {line.get_label(): line for line in panel.get_lines()}
     assert list(lines) == list(FAILURE_KINDS)
@@ -197,7 +211,7 @@ def test_write_report_files(tmp_path):
     assert report.echo_trap_table(_echo_experiment()) in text
     assert report.table4(_table4_experiment()) in text
     pngs = sorted(p.name for p in (tmp_path / "figures").iterdir())
-    assert pngs == sorted(p.name for p in paths[2:]) and len(pngs) == 7
+    assert pngs == sorted(p.name for p in paths[2:]) and len(pngs) == 9
     for name in pngs:
         assert (tmp_path / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![{name}](figures/{name})" in text
@@ -215,16 +229,26 @@ def test_an_experiment_without_finished_runs_says_so_and_draws_nothing(tmp_path)
 
 # --- the suite (one compile) -----------------------------------------------------------------
 
-def test_plan_estimates_the_cpu_suite_within_three_hours():
+def test_plan_estimates_the_cpu_suites_multi_turn_part_within_ten_hours():
     suite = suites.cpu_suite()
     text = suites.plan_text(suite, "cpu")
-    total = sum(suites.estimate_seconds(suite, s, len(seeds)) for s, seeds in suite.settings())
-    assert total <= 3 * 3600
-    assert text.rstrip().endswith(f"20 runs; estimated wall time "
-                                  f"{suites.format_duration(total)}")
-    # Experiment 3's keep 0.25 is experiment 1's StarPO-S: trained once, with seeds 0, 1, 2.
-    seeds = {s.name: seeds for s, seeds in suite.settings()}
+    estimate = {s.name: suites.estimate_seconds(suite, s, len(seeds))
+                for s, seeds in suite.settings()}
+    multi_turn = sum(v for name, v in estimate.items() if not name.startswith("bandit"))
+    assert 8 * 3600 < multi_turn <= 10 * 3600
+    assert text.rstrip().endswith(f"29 runs; estimated wall time "
+                                  f"{suites.format_duration(sum(estimate.values()))}")
+    # Experiment 3's keep 0.25 is experiment 1's StarPO-S: trained once, with seeds 0, 1, 2;
+    # experiment 4's GRPO is experiment 2's. The SFT starts come first, seed 0 only.
+    settings = suite.settings()
+    seeds = {s.name: seeds for s, seeds in settings}
     assert seeds["bandit_starpo_s"] == (0, 1, 2) and seeds["bandit_std_rev"] == (0, 1)
+    assert seeds["sokoban_grpo_s"] == (0, 1, 2) and seeds["sokoban_gigpo_s"] == (0, 1, 2)
+    assert [s.name for s, _ in settings[:2]] == ["sokoban_sft", "frozen_lake_sft"]
+    assert seeds["sokoban_sft"] == (0,)
+    # Every multi-turn run meets the SFT run's held-out states.
+    assert {s.config(seed).eval.seed for s, ss in settings for seed in ss
+            if not s.name.startswith("bandit")} == {0}
 
 
 def test_only_trains_the_named_experiments_and_refuses_unknown_names(tmp_path):
@@ -232,7 +256,8 @@ def test_only_trains_the_named_experiments_and_refuses_unknown_names(tmp_path):
     assert [(s.name, seeds) for s, seeds in ablation.settings()] == [
         ("bandit_keep_1.0", (0, 1)), ("bandit_keep_0.5", (0, 1)), ("bandit_starpo_s", (0, 1)),
         ("bandit_std_rev", (0, 1))]
-    with pytest.raises(ValueError, match="'echo'.*valid: echo_trap, multi_turn, filter_ablation"):
+    with pytest.raises(ValueError, match="'echo'.*valid: echo_trap, multi_turn, "
+                       "echo_trap_sokoban, filter_ablation, gigpo"):
         reproduce.main(["--suite", "cpu", "--workdir", str(tmp_path), "--only", "echo"],
                        stream=io.StringIO())
     assert not any(tmp_path.iterdir()), "nothing is trained or written"
