@@ -6,9 +6,11 @@
     python experiments/reproduce.py --suite cpu --workdir results/cpu --only filter_ablation
 
 A suite is a fixed list of experiments (experiments/suites.py): 1. the Echo Trap on Bandit (vanilla
-StarPO against StarPO-S), 2. multi-turn learning on FrozenLake and Sokoban (StarPO-S with PPO and
-GRPO; success and valid actions before and after training on held-out and out-of-distribution
-states), 3. the uncertainty filter's ablation (keep ratio 1.0 / 0.5 / 0.25 and std_rev). Each
+StarPO against StarPO-S), 2. multi-turn learning on FrozenLake and Sokoban from an SFT start
+(StarPO-S with PPO and GRPO, vanilla StarPO; success and valid actions before and after training
+on held-out and out-of-distribution states, next to the random policy, the solver and the SFT
+start), 2b. its Echo Trap on Sokoban, 3. the uncertainty filter's ablation (keep ratio 1.0 / 0.5
+/ 0.25 and std_rev), 4. GiGPO against GRPO on Sokoban. Each
 experiment is a set of seeded runs of named settings; a setting shared by two experiments (the
 StarPO-S run is experiment 3's keep 0.25) is trained once. Every run goes through run.py's training
 loop (`run.train`: metrics.jsonl, checkpoints, evaluations, the collapse monitor) in its own
@@ -17,6 +19,15 @@ run one after another on the setting's one compiled step (a run's checkpoints, r
 evaluations are run.py's, per run; on a 2-core CPU vmapped seeds are break-even per step anyway,
 README "Seeded sweeps"). Runs that evaluate before training write eval_step_0.json (the Table-4
 "before" column) from the same evaluator run.train uses.
+
+SFT stage: a setting with a `start` starts every seed from the newest checkpoint of its start's
+SFT run (starpo_jax.sft, seed 0, trained first; model.init_from), and its eval_step_0.json is a
+copy of that run's last evaluation (the same weights and held-out states: eval.seed). An SFT
+run's checkpoints are kept when it finishes (its config keeps only the newest), and before it
+trains its baselines.json holds the random policy's and the solver's evaluation on the same
+held-out states (api.policy_baseline). A setting's `final_eval` evaluates the final weights once
+more (eval_final.json, merged into the run's last row), on the (env, mode) pairs its own
+evaluations did not cover.
 
 Resumable: a finished run is skipped, an unfinished one resumes from its newest checkpoint (run.py
 --resume: the same numbers as a run never stopped); a finished run's checkpoints are then deleted
@@ -68,6 +79,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DONE, BEFORE, FINAL = "done.json", "eval_step_0.json", "eval_final.json"
 BASELINES = "baselines.json"  # an SFT run's: the random policy and the solver, same states
 POLICIES = ("random", "solver")
+SFT_METRICS = "val/sft/"  # an SFT run's own evaluation metrics (its held-out loss)
 ConfigDict = config_dict.ConfigDict
 
 # --- running ---------------------------------------------------------------------------------
@@ -229,16 +241,19 @@ def load_rows(path: Path) -> list[dict]:
 
 
 def last_evaluation(path: Path) -> dict[str, float]:
-    """The val/ metrics of a run's last evaluation (its final evaluation's included)."""
+    """The val/ metrics of a run's last evaluation (its final evaluation's included; an SFT
+    run's held-out loss val/sft/... left out: it is no env's)."""
     evaluations = report.evaluations(load_rows(path))
-    return evaluations[max(evaluations)] if evaluations else {}
+    last = evaluations[max(evaluations)] if evaluations else {}
+    return {k: v for k, v in last.items() if not k.startswith(SFT_METRICS)}
 
 
 def references(spec_settings: Sequence[Setting], workdir: Path) -> dict[str, dict[str, float]]:
     """Table-4 reference rows of the settings' starts that finished: label -> val/ metrics of
     the random policy, the solver and the SFT start (one evaluation each)."""
     out = {}
-    for start in dict.fromkeys(s.start for s in spec_settings if s.start is not None):
+    starts = {s.start.name: s.start for s in spec_settings if s.start is not None}
+    for start in starts.values():
         path = run_dir(workdir, start.name, SFT_SEED)
         if not _finished(path):
             continue
