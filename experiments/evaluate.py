@@ -43,6 +43,7 @@ def run_config(workdir: Path, overrides: Mapping[str, Any]) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON ({error}); it is the config.json that "
                          "experiments/run.py writes in its workdir") from None
+    config.pop("sft", None)  # an experiments/sft.py workdir's: how it trained, not what runs
     section = config.setdefault("eval", {})
     section.update({key.split(".", 1)[1]: value for key, value in overrides.items()})
     api.train_config(config)
