@@ -385,6 +385,7 @@ def read_run_config(workdir: str | Path) -> tuple[ConfigDict, dict[str, Any] | N
         raise ValueError(f"{path} is not valid JSON ({error}); it is the config.json that "
                          "experiments/run.py writes in its workdir") from None
     record = saved.pop(AUTO_MEMORY, None)
+    saved.pop("sft", None)  # an experiments/sft.py workdir's: how it trained, not what runs
     config = merged_config(saved)
     train_config(config)
     chosen = (record or {}).get("settings") or {}

@@ -68,6 +68,7 @@ def sft_default_config() -> ConfigDict:
 def sft_config(env: str, policy: str = "random", **rollout: Any) -> ConfigDict:
     """sft_default_config() for `env`, demonstrations by `policy`, rollout keys updated."""
     c = sft_default_config()
+    c.algo = "grpo"  # no critic: SFT trains the policy alone
     c.env.name = env
     c.sft.policy = policy
     c.rollout.update(rollout)

@@ -34,6 +34,7 @@ from test_api import SHORT_TURN, tiny_config  # noqa: E402
 from test_rollout import REPLY_TOKENS, SHORT_TEMPLATE, _replay_row, tiny_bandit_setup  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+import evaluate  # noqa: E402
 import run  # noqa: E402
 
 
@@ -356,7 +357,8 @@ def test_sft_command_names_a_bad_policy_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_sft_command_writes_a_workdir_and_resumes(tmp_path):
     """experiments/sft.py end to end (tiny model): demos.jsonl, before.json, metrics with
-    sft/loss and the held-out evaluation, then --resume to a later step."""
+    sft/loss and the held-out evaluation, then --resume to a later step; evaluate.py reads the
+    SFT workdir."""
     work = tmp_path / "w"
     tiny = ["--config", "frozen_lake_sft.py", "--config.model.source=tiny-random",
             "--config.rollout.max_turns=2", "--config.rollout.groups=2",
@@ -375,3 +377,5 @@ def test_sft_command_writes_a_workdir_and_resumes(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+    step, metrics = evaluate.evaluate_workdir(work, None, {"eval.episodes": 2})
+    assert step == 3 and "val/frozen_lake/greedy/action_is_valid" in metrics
