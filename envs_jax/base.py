@@ -34,30 +34,7 @@ from jumanji import specs
 from jumanji.env import Environment
 from jumanji.types import TimeStep
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EnvSettings:
-    """An env's agent-side defaults, as the original's per-env configs hold them
-    (config/envs.yaml: max_actions_per_traj, max_tokens; the run configs: max_turn,
-    max_actions_per_turn). A run config may override each (starpo_jax.api).
-
-    max_turns: replies per trajectory. max_actions_per_turn: actions kept from one reply.
-    max_actions_per_traj: env steps per trajectory (the prompt's "You can make up to N actions"
-    and "You have N actions left"). announced_tokens: the "Max response length: N words
-    (tokens)" the prompt states; not the generation budget (the original announces 100 and
-    generates up to 400 tokens).
-    """
-
-    max_turns: int = 5
-    max_actions_per_turn: int = 5
-    max_actions_per_traj: int = 10
-    announced_tokens: int = 100
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"EnvSettings.{field.name} must be an int >= 1; got {value!r}")
-
+from envs_jax.catalog import EnvSettings  # noqa: F401 (defined without JAX)
 
 State = TypeVar("State")
 Observation = TypeVar("Observation")

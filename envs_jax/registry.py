@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from envs_jax.base import EnvSettings, TextEnv
+from envs_jax.base import TextEnv
+from envs_jax.catalog import EnvSettings
 
 _REGISTRY: dict[str, tuple[Callable[..., TextEnv], dict[str, Any], EnvSettings]] = {}
 

@@ -25,20 +25,46 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from starpo_jax import api, cli  # noqa: E402
-from starpo_jax.checkpoint import Checkpoints  # noqa: E402
-from starpo_jax.evaluation import summary_table  # noqa: E402
+from starpo_jax import cli  # noqa: E402
+from starpo_jax.run_config import (ConfigDict, check_config, default_config,  # noqa: E402
+                                   read_run_config)
 
-def run_config(workdir: Path, overrides: Mapping[str, Any]) -> api.ConfigDict:
-    """The run's config (api.read_run_config) with `overrides` ({"eval.episodes": 32, ...})
-    applied and checked."""
+
+def run_config(workdir: Path, overrides: Mapping[str, Any]) -> ConfigDict:
+    """The run's config (read_run_config) with `overrides` ({"eval.episodes": 32, ...})
+    applied and checked (check_config: without JAX; api.build checks it whole)."""
     foreign = sorted(k for k in overrides if not k.startswith("eval."))
     if foreign:
         raise ValueError(f"only eval.* keys may be overridden when evaluating a run; got {foreign}")
-    config, _ = api.read_run_config(workdir)
+    config, _ = read_run_config(workdir)
     config.eval.update({key.split(".", 1)[1]: value for key, value in overrides.items()})
-    api.train_config(config)
+    check_config(config)
     return config
+
+
+def _define_flags() -> None:
+    # Defined at run time, not on import: tests import this module next to run.py, which has
+    # its own flags. config_flags applies the --config.* overrides as it defines the flag.
+    config_flags.DEFINE_config_dict(
+        "config", default_config(), "Overrides of the run's eval section: "
+        "--config.eval.<key>=...")
+    flags.DEFINE_string("workdir", None, "The run's workdir (experiments/run.py --workdir).")
+    flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the newest).")
+
+
+_PARSED: list[str] | None = None  # the arguments left by cli.parse_first, run as a script
+
+if __name__ == "__main__":
+    # The workdir's config and the overrides are checked before JAX and the envs load
+    # (seconds): a mistake is its one line at once.
+    _PARSED = cli.parse_first(
+        lambda: flags.FLAGS.workdir is None or run_config(
+            Path(flags.FLAGS.workdir), config_flags.get_override_values(flags.FLAGS["config"])),
+        define_flags=_define_flags)
+
+from starpo_jax import api  # noqa: E402
+from starpo_jax.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.evaluation import summary_table  # noqa: E402
 
 
 def evaluate_workdir(workdir: Path, step: int | None = None,
@@ -97,18 +123,9 @@ def _main(argv: list[str]) -> None:
     evaluate_workdir(Path(flags.FLAGS.workdir), flags.FLAGS.step, overrides)
 
 
-def _define_flags() -> None:
-    # Defined at run time, not on import: tests import this module next to run.py, which has
-    # its own flags. config_flags applies the --config.* overrides as it defines the flag.
-    config_flags.DEFINE_config_dict(
-        "config", api.default_config(), "Overrides of the run's eval section: "
-        "--config.eval.<key>=...")
-    flags.DEFINE_string("workdir", None, "The run's workdir (experiments/run.py --workdir).")
-    flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the newest).")
-
-
 def main() -> None:
-    cli.run_app(_main, errors=(ValueError, FileNotFoundError), define_flags=_define_flags)
+    cli.run_app(_main, errors=(ValueError, FileNotFoundError), define_flags=_define_flags,
+                parsed=_PARSED)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,35 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from starpo_jax.config import MODEL_DTYPES as DTYPES  # noqa: E402
+from starpo_jax.run_config import read_run_config  # noqa: E402
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True, help="the run's --workdir")
+    parser.add_argument("--out", required=True, help="the directory to write (must not exist, "
+                        "or be empty, unless --overwrite)")
+    parser.add_argument("--step", type=int, default=None,
+                        help="the checkpoint to export (default: the newest)")
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help="dtype of the stored weights (default: the run's model.dtype)")
+    parser.add_argument("--max_shard_size", default=None,
+                        help="split the weights into files of at most this size (e.g. 2GB; "
+                        "default: save_pretrained's)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    args = parser.parse_args(argv)
+    try:  # the run's config, before the heavy imports: a workdir without one is a line at once
+        read_run_config(args.workdir)
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    return args
+
+
+_ARGS: argparse.Namespace | None = None  # parsed and checked first, run as a script
+if __name__ == "__main__":
+    _ARGS = _parse(None)
+
 import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
@@ -30,7 +59,6 @@ from flax import nnx  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
-from starpo_jax.models.config import DTYPES  # noqa: E402
 from starpo_jax.models.export import (DEFAULT_MAX_SHARD_SIZE, check_out_dir,  # noqa: E402
                                       save_pretrained)
 from starpo_jax.models.lora import adapted  # noqa: E402
@@ -73,7 +101,7 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, *, step: int 
     """
     workdir = Path(workdir)
     check_out_dir(Path(out), overwrite)  # before the slow part
-    config, _ = api.read_run_config(workdir)
+    config, _ = read_run_config(workdir)
     manager, steps = checkpoint_manager(workdir)
     try:
         step = steps[-1] if step is None else step
@@ -96,22 +124,12 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, *, step: int 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", required=True, help="the run's --workdir")
-    parser.add_argument("--out", required=True, help="the directory to write (must not exist, "
-                        "or be empty, unless --overwrite)")
-    parser.add_argument("--step", type=int, default=None,
-                        help="the checkpoint to export (default: the newest)")
-    parser.add_argument("--dtype", choices=DTYPES, default=None,
-                        help="dtype of the stored weights (default: the run's model.dtype)")
-    parser.add_argument("--max_shard_size", default=DEFAULT_MAX_SHARD_SIZE,
-                        help="split the weights into files of at most this size (e.g. 2GB)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    args = parser.parse_args(argv)
+    args = _ARGS if _ARGS is not None and argv is None else _parse(argv)
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on opening read-only
+    shards = {} if args.max_shard_size is None else {"max_shard_size": args.max_shard_size}
     try:
         step, path = export_run(args.workdir, args.out, step=args.step, dtype=args.dtype,
-                                max_shard_size=args.max_shard_size, overwrite=args.overwrite)
+                                overwrite=args.overwrite, **shards)
     except (FileNotFoundError, FileExistsError, ValueError) as error:
         sys.exit(f"error: {error}")
     print(f"exported step {step} of {args.workdir} -> {path}", flush=True)

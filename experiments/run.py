@@ -24,6 +24,8 @@ would take far longer than a CPU session (it still runs). SIGINT / SIGTERM are a
 once, even inside a long compiled step: the run saves after the current step and exits 0; a
 second one exits at once (status 128 + the signal), the newest complete checkpoint being the
 resume point.
+The flags and the config are checked before JAX and the envs are imported
+(run_config.check_config): a bad key or value is its one line in a fraction of a second.
 Faults (each one line on stderr and exit 1, nothing half-written is ever loaded): --resume of
 a workdir that holds no run, a workdir path that is a file, a workdir in
 use by another live run (run.lock; a killed run's lock is taken over), unwritable or without
@@ -55,34 +57,50 @@ from typing import Callable, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from starpo_jax.distributed import (any_process, maybe_initialize,  # noqa: E402
-                                    min_over_processes)
-
-if __name__ == "__main__":
-    # Before any other import: some (jumanji's) already compute with JAX, which fixes the
-    # backend; jax.distributed must be initialised before that.
-    try:
-        maybe_initialize()
-    except ValueError as error:  # a bad JAX_* variable: the message names it
-        sys.exit(f"error: {error}")
-
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from starpo_jax import cli, run_config  # noqa: E402
+from starpo_jax.distributed import (any_process, distributed_arguments,  # noqa: E402
+                                    maybe_initialize, min_over_processes)
+from starpo_jax.run_config import AUTO_MEMORY, RUN_CONFIG_FILE  # noqa: E402
+from starpo_jax.workdir import RunFault  # noqa: E402
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+ERRORS = (ValueError, FileNotFoundError, MemoryError, RunFault, FileExistsError)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
+                                          "experiments/configs/).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, events and checkpoints.")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue from the newest checkpoint in --workdir.")
+_PARSED: list[str] | None = None  # the arguments left by cli.parse_first, run as a script
+
+if __name__ == "__main__":
+    # First, in a multi-process run: jax.distributed must be initialised before any JAX
+    # computation, and some imports compute (jumanji's; a user's env module, which the config
+    # check imports, may use it). A single process imports nothing heavy here.
+    try:
+        if distributed_arguments(os.environ) is not None:
+            maybe_initialize()
+    except ValueError as error:  # a bad JAX_* variable: the message names it
+        sys.exit(f"error: {error}")
+    # Then the flags and the config are checked before JAX and the envs load (seconds): a bad
+    # key or value is its one line at once (the estimator's checks come with api.train_config).
+    _PARSED = cli.parse_first(
+        lambda: _CONFIG.value is None or run_config.check_config(_CONFIG.value),
+        cli.resolve_config_arg(sys.argv, CONFIG_DIR), errors=ERRORS, config_dir=CONFIG_DIR)
+
 import jax  # noqa: E402
 
-from starpo_jax import api, cli  # noqa: E402
+from starpo_jax import api  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.evaluation import Evaluator, summary_table  # noqa: E402
 from starpo_jax.logging import (WandbWriter, Writers, human_duration, open_writers,  # noqa: E402
                                 process_age)
 from starpo_jax.monitor import RunMonitor  # noqa: E402
-from starpo_jax.run_config import AUTO_MEMORY, RUN_CONFIG_FILE  # noqa: E402
 from starpo_jax.train import SKIPPED_UPDATES  # noqa: E402
-from starpo_jax.workdir import (RunFault, WorkdirLock, check_config, check_free_space,  # noqa: E402
+from starpo_jax.workdir import (WorkdirLock, check_config, check_free_space,  # noqa: E402
                                 check_resumable, write_atomically)
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # Keys a resumed run may change: they do not alter the numbers of any step.
 RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
                      "sample_every", "eval", "check_memory", "progress_after", "max_skipped_steps")
@@ -101,11 +119,6 @@ RESUMABLE_CHANGES += (AUTO_MEMORY,)
 RESUMABLE_CHANGES += ("logging", "env.module")
 # A run whose step-time estimate exceeds this is pointed at a CPU-sized config (it still runs).
 CPU_SESSION_SECONDS = 3 * 3600
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
-                                          "experiments/configs/).", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, events and checkpoints.")
-_RESUME = flags.DEFINE_bool("resume", False, "Continue from the newest checkpoint in --workdir.")
 
 
 def resolve_config_arg(argv: list[str]) -> list[str]:
@@ -365,9 +378,8 @@ def _main(argv: list[str]) -> None:
 
 
 def main() -> None:
-    cli.run_app(_main, resolve_config_arg(sys.argv),
-                errors=(ValueError, FileNotFoundError, MemoryError, RunFault, FileExistsError),
-                config_dir=CONFIG_DIR)
+    cli.run_app(_main, resolve_config_arg(sys.argv), errors=ERRORS, config_dir=CONFIG_DIR,
+                parsed=_PARSED)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ from starpo_jax.models.lora import adapted
 from starpo_jax.phases import StepProgress
 from starpo_jax.rollout import buffer_length
 from starpo_jax.run_config import (AUTO, DTYPES, ENV_SETTINGS, SECTIONS,  # noqa: F401 (API)
-                                   ConfigDict, auto_knobs, config_for, config_from_train_config,
+                                   ConfigDict, auto_knobs, check_config, config_for,
+                                   config_from_train_config,
                                    default_config, eval_config, merged_config, paper_eval,
                                    read_run_config, require_valid, train_config)
 from starpo_jax.sharding import make_mesh, shard_state

@@ -2,15 +2,19 @@
 
     argv = resolve_config_arg(sys.argv, CONFIG_DIR)   # --config bandit_grpo.py -> configs/...
     run_app(_main, argv, config_dir=CONFIG_DIR)        # absl app; mistakes exit with 1 line
+
+A script whose config can be checked without JAX parses its flags and checks them first
+(parse_first), then imports the heavy stack and hands the parsed arguments to run_app.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -92,7 +96,7 @@ class _UsageError(Exception):
 def run_app(main: Callable[[list[str]], None], argv: list[str] | None = None,
             errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError),
             define_flags: Callable[[], None] | None = None,
-            config_dir: Path | None = None) -> None:
+            config_dir: Path | None = None, parsed: list[str] | None = None) -> None:
     """absl's app.run(main, argv), with the user's mistakes as one line on stderr and exit 1.
 
     `errors` (raised with a message naming the bad key, value or file) exit without a traceback;
@@ -102,9 +106,11 @@ def run_app(main: Callable[[list[str]], None], argv: list[str] | None = None,
     `define_flags`, if given, defines the flags inside the same guard (config_flags applies the
     overrides as the flag is defined). `config_dir`, for a script with a --config file flag:
     the file is checked first (`check_config_file`), and an exception its get_config() raises
-    while the flags are parsed is reported as one line with the file and line.
+    while the flags are parsed is reported as one line with the file and line. `parsed`: what
+    parse_first returned (the flags are parsed and checked already; argv, define_flags and
+    config_dir are then those given to it).
     """
-    from absl import app, flags
+    from absl import app
 
     def guarded(argv: list[str]) -> None:
         try:
@@ -113,25 +119,63 @@ def run_app(main: Callable[[list[str]], None], argv: list[str] | None = None,
             raise _UsageError(f"{error} (--help lists the flags)") from error
 
     config_file = None if config_dir is None else config_path(argv or sys.argv)
+    with _one_line(errors, config_file):
+        if parsed is None:
+            _define(argv, define_flags, config_dir)
+        app.run(guarded, argv=argv, flags_parser=(
+            (lambda _: parsed) if parsed is not None else
+            (lambda args: _parse_flags(args, config_file))))
 
-    def parse_flags(args: list[str]) -> list[str]:
-        """absl's parse_flags_with_usage, but each mistake is one `error:` line like every
-        other bad value (absl's own is a two-line FATAL message; a get_config() TypeError /
-        ValueError, which config_flags reports with its whole traceback, is one line too)."""
-        try:
-            return flags.FLAGS(args)
-        except flags.Error as error:
-            text = str(error)
-            if config_file and "Error whilst parsing config file" in text:
-                sys.exit(_config_failure(text, config_file))
-            sys.exit(f"error: {text} (--helpshort lists the flags)")
+
+def parse_first(check: Callable[[], None], argv: list[str] | None = None,
+                errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError),
+                define_flags: Callable[[], None] | None = None,
+                config_dir: Path | None = None) -> list[str]:
+    """run_app's parsing, for a script to call before it imports JAX, jumanji and flax (seconds):
+    defines and parses the flags as run_app does, then calls `check()` (the flags' config
+    checked without JAX, e.g. run_config.check_config), each mistake the one `error:` line
+    run_app prints. Returns the arguments left, for run_app(..., parsed=...)."""
+    from absl import app
+
+    config_file = None if config_dir is None else config_path(argv or sys.argv)
+    with _one_line(errors, config_file):
+        _define(argv, define_flags, config_dir)
+        app.define_help_flags()  # app.run's own (--help, --helpshort), defined once
+        rest = _parse_flags(argv or sys.argv, config_file)
+        check()
+    return rest
+
+
+def _define(argv: list[str] | None, define_flags: Callable[[], None] | None,
+            config_dir: Path | None) -> None:
+    if config_dir is not None:
+        check_config_file(argv or sys.argv, config_dir)
+    if define_flags is not None:
+        define_flags()
+
+
+def _parse_flags(args: list[str], config_file: str | None) -> list[str]:
+    """absl's parse_flags_with_usage, but each mistake is one `error:` line like every other
+    bad value (absl's own is a two-line FATAL message; a get_config() TypeError / ValueError,
+    which config_flags reports with its whole traceback, is one line too)."""
+    from absl import flags
 
     try:
-        if config_dir is not None:
-            check_config_file(argv or sys.argv, config_dir)
-        if define_flags is not None:
-            define_flags()
-        app.run(guarded, argv=argv, flags_parser=parse_flags)
+        return flags.FLAGS(args)
+    except flags.Error as error:
+        text = str(error)
+        if config_file and "Error whilst parsing config file" in text:
+            sys.exit(_config_failure(text, config_file))
+        sys.exit(f"error: {text} (--helpshort lists the flags)")
+
+
+@contextlib.contextmanager
+def _one_line(errors: tuple[type[Exception], ...], config_file: str | None) -> Iterator[None]:
+    """The user's mistakes raised inside, as one `error:` line and exit 1 (see run_app)."""
+    from absl import flags
+
+    try:
+        yield
     except (*errors, _UsageError) as error:
         sys.exit(f"error: {error}")
     except Exception as error:

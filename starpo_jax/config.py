@@ -1,4 +1,5 @@
-"""Static configuration of one StarPO / StarPO-S training step.
+"""Static configuration of one StarPO / StarPO-S training step, of its evaluation (EvalConfig)
+and of the collapse monitor (MonitorConfig).
 
 Every config is a frozen, keyword-only dataclass (hashable: it parameterises compiled code) and
 validates itself in `__post_init__`, naming the field, the bad value and what would be valid.
@@ -6,6 +7,12 @@ Defaults are the original's (RAGEN's) code defaults for StarPO-S; `TrainConfig.v
 vanilla StarPO (KL 0.001, symmetric clip 0.2, no filter).
 
     config = TrainConfig(algo="grpo", rollout=RolloutConfig(groups=8, group_size=16))
+
+No JAX here, nor in what this imports: a config is checked before the heavy stack loads
+(starpo_jax.run_config). So the names the checks accept live here, and filtering, losses,
+evaluation, monitor and models import them. The advantage estimators' registry
+(starpo_jax.advantages, which users extend at run time) is the exception: it is imported when
+an estimator is named (AdvantageConfig) or checked (TrainConfig.check_estimator).
 """
 
 from __future__ import annotations
@@ -15,14 +22,6 @@ import math
 from typing import Any
 
 import inspect
-
-from starpo_jax.advantages import (advantage_estimator_names, estimator_uses_critic,
-                                   get_advantage_estimator)
-from starpo_jax.filtering import (FILTER_METRICS, FILTER_MODES, FILTER_STRATEGIES, LOSS_SCALINGS,
-                                  TOP_P_WEIGHTS, kept_bound)
-from starpo_jax.losses import AGG_MODES
-from starpo_jax.models.config import LORA_TARGETS  # "all-linear": all of them, as the original
-from starpo_jax.models.sampler_weights import SAMPLER_DTYPES
 
 ALGOS = ("ppo", "grpo")
 MODES = ("think", "nothink")
@@ -35,6 +34,33 @@ ESTIMATOR_PARAMS = {"gamma": "gamma", "lam": "lam", "gamma_turn": "gamma_turn",
                     "step_gamma": "step_gamma", "step_mode": "step_mode", "omega": "omega"}
 REWARD_PLACEMENTS = ("trajectory", "turn")
 KL_KINDS = ("k1", "k3", "mse", "abs")
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+# The weights the rollout samples with (models/sampler_weights.py).
+SAMPLER_DTYPES = ("model", "bfloat16")
+# The projections LoRA may target (models/lora.py); "all-linear": all of them, as the original.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The dtypes a model may compute and store in (models/config.py's ModelConfig).
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+# The named models load_pretrained knows (models/loading.py), besides paths.
+EMBEDDED_NAME = "smollm2-135m-instruct"
+TINY_RANDOM_NAME = "tiny-random"
+# The evaluator's modes (starpo_jax.evaluation).
+EVAL_MODES = ("greedy", "sampled")
+# Out-of-distribution variants evaluated by default next to the training env (RAGEN's).
+OOD_VARIANTS = {"bandit": ("bandit_test",), "sokoban": ("sokoban_large", "sokoban_new_vocab"),
+                "countdown": ("countdown_5",), "sudoku": ("sudoku_medium",),
+                "sudoku_4x4": ("sudoku_4x4_medium",)}
+# The collapse monitor's actions (starpo_jax.monitor).
+ACTIONS = ("warn", "stop", "raise_filter")
+# The uncertainty filter's choices (starpo_jax.filtering).
+FILTER_STRATEGIES = ("top_k", "top_k_abs", "top_p", "min_p")
+FILTER_METRICS = ("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance",
+                  "length")
+# The metrics ranked by a per-trajectory value other than the score (`select_groups`' values).
+VALUE_METRICS = ("entropy", "entropy_variance", "length")
+LOSS_SCALINGS = ("none", "linear", "sqrt")
+FILTER_MODES = ("std", "std_rev")
+TOP_P_WEIGHTS = ("linear", "softmax")
 CACHE_DTYPES = ("float32", "bfloat16")
 LORA_BASE_DTYPES = ("float32", "bfloat16")
 
@@ -66,6 +92,27 @@ def _bool(owner: str, name: str, value: Any) -> None:
 def _choice(owner: str, name: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
         _fail(owner, name, value, f"one of {options}")
+
+
+def num_kept_groups(num_groups: int, keep_ratio: float) -> int:
+    """K = max(1, int(keep_ratio * num_groups)), for num_groups >= 1 and keep_ratio in (0, 1]."""
+    if not isinstance(num_groups, int) or num_groups < 1:
+        raise ValueError(f"num_groups must be a positive int; got {num_groups!r}")
+    if not isinstance(keep_ratio, (int, float)) or not 0.0 < keep_ratio <= 1.0:
+        raise ValueError(f"keep_ratio must be a number in (0, 1]; got {keep_ratio!r}")
+    return max(1, int(keep_ratio * num_groups))
+
+
+def kept_bound(num_groups: int, config: FilterConfig) -> int:
+    """Kmax: the static number of groups filtering.select_groups returns (see that module's
+    docstring)."""
+    if config.strategy == "top_k":
+        bound = num_kept_groups(num_groups, config.keep_ratio)
+    elif config.strategy == "top_k_abs":
+        bound = min(config.keep_groups, num_groups)
+    else:
+        bound = num_groups
+    return bound if config.max_groups is None else min(bound, config.max_groups)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -234,6 +281,7 @@ class AdvantageConfig:
     def __post_init__(self) -> None:
         o = "advantage"
         if self.estimator is not None:
+            from starpo_jax.advantages import advantage_estimator_names  # JAX: only when named
             _choice(o, "estimator", self.estimator, advantage_estimator_names())
         for name in ("gamma", "lam", "gamma_turn", "step_gamma"):
             _number(o, name, getattr(self, name), 0.0, 1.0)
@@ -426,6 +474,13 @@ class TrainConfig:
         if rows % self.optim.micro_batches:
             _fail("optim", "micro_batches", self.optim.micro_batches,
                   f"a divisor of the {rows} rows of a mini-batch")
+        self.check_estimator()
+
+    def check_estimator(self) -> None:
+        """Raises ValueError unless the advantage estimator suits `algo` (a critic for PPO,
+        none for GRPO) and reads every advantage field set away from its default. Imports the
+        estimators' registry (starpo_jax.advantages: JAX), which users extend at run time."""
+        from starpo_jax.advantages import estimator_uses_critic, get_advantage_estimator
         estimator = self.estimator
         critic = estimator_uses_critic(estimator)
         if self.algo == "grpo" and critic:
@@ -481,3 +536,73 @@ class TrainConfig:
         return dataclasses.replace(
             self, filter=FilterConfig(keep_ratio=1.0),
             loss=dataclasses.replace(self.loss, kl_coef=0.001, clip_low=0.2, clip_high=0.2))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """What an evaluation runs: envs x modes, `episodes` held-out initial states each."""
+
+    envs: tuple[str, ...]
+    modes: tuple[str, ...] = EVAL_MODES
+    episodes: int = 8  # held-out initial states per env (CPU-sized; RAGEN validates on 256)
+    pass_k: int = 4  # sampled mode: rollouts per initial state
+    temperature: float = 0.5  # sampled mode (RAGEN's validation temperature)
+    samples: int = 4  # conversations per (env, mode) in samples_text
+    # The held-out states (and sampling noise) of the run with this seed; None = the run's own.
+    # Runs of several seeds given one eval seed meet the same states: paired comparisons.
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.envs or not all(isinstance(e, str) and e for e in self.envs):
+            raise ValueError(f"eval.envs = {self.envs!r} is invalid; valid: one or more env names")
+        if len(set(self.envs)) != len(self.envs):
+            raise ValueError(f"eval.envs = {self.envs!r} names an env twice")
+        if not self.modes or any(m not in EVAL_MODES for m in self.modes) or \
+                len(set(self.modes)) != len(self.modes):
+            raise ValueError(f"eval.modes = {self.modes!r} is invalid; valid: distinct modes "
+                             f"from {EVAL_MODES}")
+        for name, low in (("episodes", 1), ("pass_k", 1), ("samples", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"eval.{name} = {value!r} is invalid; valid: an int >= {low}")
+        if self.seed is not None and (not isinstance(self.seed, int) or
+                                      isinstance(self.seed, bool) or self.seed < 0):
+            raise ValueError(f"eval.seed = {self.seed!r} is invalid; valid: None (the run's "
+                             "seed) or an int >= 0")
+        t = self.temperature
+        if not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t <= 100):
+            raise ValueError(f"eval.temperature = {self.temperature!r} is invalid; valid: a "
+                             "number in (0, 100] (the greedy mode takes the argmax)")
+
+
+def default_eval_envs(train_env: str) -> tuple[str, ...]:
+    """The training env followed by its out-of-distribution variants (none for most envs)."""
+    return (train_env,) + OOD_VARIANTS.get(train_env, ())
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MonitorConfig:
+    """The `monitor` section of an experiment config (a run-level setting, not a TrainConfig).
+
+    action: "warn" logs alerts; "stop" saves a checkpoint and ends the run (exit 0);
+    "raise_filter" does the same and writes the halved filter.keep_ratio to resume with.
+    """
+
+    enabled: bool = True
+    drop: float = 0.5  # fall of reward std / entropy from its peak that alerts, as a fraction
+    reward_drop: float = 0.2  # fall of mean reward from its peak beyond which it has "dropped"
+    spike: float = 5.0  # grad norm over this multiple of the recent median is a spike
+    warmup: int = 5  # steps before peaks are tracked and alerts can fire
+    smoothing: float = 0.7  # EMA weight of the past (0: raw values)
+    action: str = "warn"
+
+    def __post_init__(self) -> None:
+        o = "monitor"
+        if not isinstance(self.enabled, bool):
+            _fail(o, "enabled", self.enabled, "True or False")
+        _number(o, "drop", self.drop, 0.0, 1.0, low_open=True, high_open=True)
+        _number(o, "reward_drop", self.reward_drop, 0.0, 1.0)
+        _number(o, "spike", self.spike, 1.0, 1e6, low_open=True)
+        _int(o, "warmup", self.warmup, low=0)
+        _number(o, "smoothing", self.smoothing, 0.0, 1.0, high_open=True)
+        _choice(o, "action", self.action, ACTIONS)

@@ -6,8 +6,8 @@
 
 jax.distributed must be initialised before any JAX computation, and importing some libraries
 already computes (jumanji, hence envs_jax and starpo_jax.api, builds arrays at import time):
-call maybe_initialize first thing, as experiments/run.py does (this module imports only jax
-and numpy).
+call maybe_initialize first thing, as experiments/run.py does (this module imports numpy, and
+jax only when one of its functions needs it: distributed_arguments does not).
 
 A run is multi-process when either
   * the three standard variables are set: JAX_COORDINATOR_ADDRESS (host:port of process 0),
@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-import jax
 import numpy as np
 
 STANDARD_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
@@ -81,6 +80,8 @@ def maybe_initialize(environ: Mapping[str, str] | None = None) -> tuple[int, int
     """Calls jax.distributed.initialize() when `environ` (default os.environ) describes a
     multi-process run (module docstring); returns (process_index, process_count). Must run
     before any JAX computation; a second call in the same process only reports."""
+    import jax
+
     arguments = distributed_arguments(os.environ if environ is None else environ)
     if arguments is not None and not jax.distributed.is_initialized():
         # Before the backends start: the CPU client is built with the cross-process collectives
@@ -94,6 +95,8 @@ def any_process(flag: bool) -> bool:
     """True if `flag` is True on any process (a collective: every process must call it, in the
     same order). Lets all processes agree to stop when only one got a signal or an alert,
     rather than the others waiting forever in the next step's collectives."""
+    import jax
+
     if jax.process_count() == 1:
         return flag
     from jax.experimental import multihost_utils
@@ -105,6 +108,8 @@ def min_over_processes(value: int) -> int:
     """The smallest of every process's `value` (a collective, like any_process): e.g. the free
     memory that all processes' memory settings are chosen against, so that they choose alike.
     Gathered as float32 (JAX's default width): exact to ~1e-7 of the value."""
+    import jax
+
     if jax.process_count() == 1:
         return value
     from jax.experimental import multihost_utils

@@ -39,60 +39,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from starpo_jax.config import RolloutConfig
+# EvalConfig and the eval env defaults live with the other configs (no JAX there).
+from starpo_jax.config import EVAL_MODES as MODES  # noqa: F401
+from starpo_jax.config import (OOD_VARIANTS, EvalConfig, RolloutConfig,  # noqa: F401
+                               default_eval_envs)
 from starpo_jax.failures import failure_fractions
 from starpo_jax.rollout import Rollout, rollout
 
-MODES = ("greedy", "sampled")
-# Out-of-distribution variants evaluated by default next to the training env (RAGEN's).
-OOD_VARIANTS = {"bandit": ("bandit_test",), "sokoban": ("sokoban_large", "sokoban_new_vocab"),
-                "countdown": ("countdown_5",), "sudoku": ("sudoku_medium",),
-                "sudoku_4x4": ("sudoku_4x4_medium",)}
 # fold_in(run_key, t) is training iteration t's key; no run takes 2**31 - 1 steps.
 EVAL_STREAM = 2**31 - 1
 REPLY_OPEN, REPLY_CLOSE = "«", "»"  # around the model's sampled tokens in a conversation
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-    """What an evaluation runs: envs x modes, `episodes` held-out initial states each."""
-
-    envs: tuple[str, ...]
-    modes: tuple[str, ...] = MODES
-    episodes: int = 8  # held-out initial states per env (CPU-sized; RAGEN validates on 256)
-    pass_k: int = 4  # sampled mode: rollouts per initial state
-    temperature: float = 0.5  # sampled mode (RAGEN's validation temperature)
-    samples: int = 4  # conversations per (env, mode) in samples_text
-    # The held-out states (and sampling noise) of the run with this seed; None = the run's own.
-    # Runs of several seeds given one eval seed meet the same states: paired comparisons.
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.envs or not all(isinstance(e, str) and e for e in self.envs):
-            raise ValueError(f"eval.envs = {self.envs!r} is invalid; valid: one or more env names")
-        if len(set(self.envs)) != len(self.envs):
-            raise ValueError(f"eval.envs = {self.envs!r} names an env twice")
-        if not self.modes or any(m not in MODES for m in self.modes) or \
-                len(set(self.modes)) != len(self.modes):
-            raise ValueError(f"eval.modes = {self.modes!r} is invalid; valid: distinct modes "
-                             f"from {MODES}")
-        for name, low in (("episodes", 1), ("pass_k", 1), ("samples", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"eval.{name} = {value!r} is invalid; valid: an int >= {low}")
-        if self.seed is not None and (not isinstance(self.seed, int) or
-                                      isinstance(self.seed, bool) or self.seed < 0):
-            raise ValueError(f"eval.seed = {self.seed!r} is invalid; valid: None (the run's "
-                             "seed) or an int >= 0")
-        t = self.temperature
-        if not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t <= 100):
-            raise ValueError(f"eval.temperature = {self.temperature!r} is invalid; valid: a "
-                             "number in (0, 100] (the greedy mode takes the argmax)")
-
-
-def default_eval_envs(train_env: str) -> tuple[str, ...]:
-    """The training env followed by its out-of-distribution variants (none for most envs)."""
-    return (train_env,) + OOD_VARIANTS.get(train_env, ())
 
 
 def eval_rollout_config(train: RolloutConfig, config: EvalConfig, mode: str) -> RolloutConfig:

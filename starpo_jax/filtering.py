@@ -32,47 +32,21 @@ unspecified.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 
-if TYPE_CHECKING:
-    from starpo_jax.config import FilterConfig
+# The filter's names and its static bounds live with FilterConfig (no JAX there).
+from starpo_jax.config import (FILTER_METRICS, FILTER_MODES, FILTER_STRATEGIES,  # noqa: F401
+                               LOSS_SCALINGS, TOP_P_WEIGHTS, VALUE_METRICS, FilterConfig,
+                               kept_bound, num_kept_groups)
 
-FILTER_STRATEGIES = ("top_k", "top_k_abs", "top_p", "min_p")
-FILTER_METRICS = ("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance",
-                  "length")
-# The metrics ranked by a per-trajectory value other than the score (`select_groups`' values).
-VALUE_METRICS = ("entropy", "entropy_variance", "length")
-LOSS_SCALINGS = ("none", "linear", "sqrt")
-FILTER_MODES = ("std", "std_rev")
-TOP_P_WEIGHTS = ("linear", "softmax")
 
 # The original's zero test (|std| > 1e-10 is "non-zero") and min_p's slack, in float32.
 _ZERO = 1e-10
 
 Tree = TypeVar("Tree")
-
-
-def num_kept_groups(num_groups: int, keep_ratio: float) -> int:
-    """K = max(1, int(keep_ratio * num_groups)), for num_groups >= 1 and keep_ratio in (0, 1]."""
-    if not isinstance(num_groups, int) or num_groups < 1:
-        raise ValueError(f"num_groups must be a positive int; got {num_groups!r}")
-    if not isinstance(keep_ratio, (int, float)) or not 0.0 < keep_ratio <= 1.0:
-        raise ValueError(f"keep_ratio must be a number in (0, 1]; got {keep_ratio!r}")
-    return max(1, int(keep_ratio * num_groups))
-
-
-def kept_bound(num_groups: int, config: FilterConfig) -> int:
-    """Kmax: the static number of groups `select_groups` returns (see the module docstring)."""
-    if config.strategy == "top_k":
-        bound = num_kept_groups(num_groups, config.keep_ratio)
-    elif config.strategy == "top_k_abs":
-        bound = min(config.keep_groups, num_groups)
-    else:
-        bound = num_groups
-    return bound if config.max_groups is None else min(bound, config.max_groups)
 
 
 def group_std(scores: jax.Array) -> jax.Array:

@@ -18,8 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-KL_KINDS = ("k1", "k3", "mse", "abs")
+from starpo_jax.config import AGG_MODES, KL_KINDS  # noqa: F401 (with LossConfig, no JAX)
 
 # exp() of a log-ratio beyond +-20 overflows float32 gradients long before it means anything.
 _LOG_RATIO_LIMIT = 20.0

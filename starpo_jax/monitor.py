@@ -40,46 +40,18 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping, TextIO
 
-from starpo_jax.config import _choice, _fail, _int, _number
+# MonitorConfig lives with the other configs (no JAX there).
+from starpo_jax.config import ACTIONS, MonitorConfig  # noqa: F401
 from starpo_jax.filtering import num_kept_groups
 from starpo_jax.logging import METRICS_FILE, JsonlWriter
 from starpo_jax.train import SKIPPED_UPDATES
 
-ACTIONS = ("warn", "stop", "raise_filter")
 REWARD_MEAN = "rollout/reward_mean"
 FALLING = ("rollout/reward_std", "actor/entropy")  # watched for an echo-trap fall
 GRAD_NORM = "actor/grad_norm"
 GRAD_WINDOW = 10  # grad norms in the spike reference's median
 ALERTS_FILE = "alerts.jsonl"
 SUGGESTION_FILE = "suggested_overrides.json"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MonitorConfig:
-    """The `monitor` section of an experiment config (a run-level setting, not a TrainConfig).
-
-    action: "warn" logs alerts; "stop" saves a checkpoint and ends the run (exit 0);
-    "raise_filter" does the same and writes the halved filter.keep_ratio to resume with.
-    """
-
-    enabled: bool = True
-    drop: float = 0.5  # fall of reward std / entropy from its peak that alerts, as a fraction
-    reward_drop: float = 0.2  # fall of mean reward from its peak beyond which it has "dropped"
-    spike: float = 5.0  # grad norm over this multiple of the recent median is a spike
-    warmup: int = 5  # steps before peaks are tracked and alerts can fire
-    smoothing: float = 0.7  # EMA weight of the past (0: raw values)
-    action: str = "warn"
-
-    def __post_init__(self) -> None:
-        o = "monitor"
-        if not isinstance(self.enabled, bool):
-            _fail(o, "enabled", self.enabled, "True or False")
-        _number(o, "drop", self.drop, 0.0, 1.0, low_open=True, high_open=True)
-        _number(o, "reward_drop", self.reward_drop, 0.0, 1.0)
-        _number(o, "spike", self.spike, 1.0, 1e6, low_open=True)
-        _int(o, "warmup", self.warmup, low=0)
-        _number(o, "smoothing", self.smoothing, 0.0, 1.0, high_open=True)
-        _choice(o, "action", self.action, ACTIONS)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,14 @@ paper_eval) and its checks, which turn a ConfigDict into the TrainConfig and Eva
 step and the evaluator run (train_config, eval_config). Every bad key or value is named with
 what would be valid, before anything is loaded or compiled. starpo_jax.api re-exports the
 public names; `api.build` takes such a config.
+
+Nothing here imports JAX, flax or jumanji (config files import config_for from here), so
+that check_config reports a bad config before a script imports the heavy stack. Deferred to
+train_config, which imports the advantage estimators' registry (starpo_jax.advantages): the
+estimator's checks (advantage.estimator's name, its critic against algo, the fields it reads).
+Envs: the built-in names and settings come from envs_jax.catalog; a user's envs (env.module,
+the starpo_jax.envs entry points, or envs_jax.register in this process) from the registry,
+which loading them imports.
 """
 
 from __future__ import annotations
@@ -23,11 +31,10 @@ from ml_collections import config_dict
 
 import envs_host
 import envs_jax
-from starpo_jax.config import (AdvantageConfig, CollapseConfig, FilterConfig, LoraConfig,
-                               LossConfig, OptimConfig, RolloutConfig, TrainConfig)
-from starpo_jax.evaluation import EvalConfig, default_eval_envs
-from starpo_jax.models.loading import EMBEDDED_NAME, TINY_RANDOM_NAME
-from starpo_jax.monitor import MonitorConfig
+from envs_jax.catalog import BUILTIN
+from starpo_jax.config import (EMBEDDED_NAME, TINY_RANDOM_NAME, AdvantageConfig, CollapseConfig,
+                               EvalConfig, FilterConfig, LoraConfig, LossConfig, MonitorConfig,
+                               OptimConfig, RolloutConfig, TrainConfig, default_eval_envs)
 
 ConfigDict = config_dict.ConfigDict
 SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": AdvantageConfig,
@@ -228,9 +235,27 @@ def _model_source_exists(source: Any) -> bool:
             or (source.endswith(".gguf") and path.is_file()))
 
 
+class _EstimatorUnchecked(TrainConfig):
+    """A TrainConfig whose estimator is not checked (check_config: its registry imports JAX)."""
+
+    def check_estimator(self) -> None:
+        pass
+
+
 def train_config(config: ConfigDict) -> TrainConfig:
     """Checks every key and value of an experiment config (nothing is loaded or compiled) and
     returns the TrainConfig it describes. Raises ValueError naming the key and what is valid."""
+    return _train_config(config, TrainConfig)
+
+
+def check_config(config: ConfigDict) -> None:
+    """train_config's checks, all but the advantage estimator's (see the module docstring),
+    without importing JAX: what a script runs before it imports the heavy stack. Raises
+    ValueError naming the key and what is valid."""
+    _train_config(config, _EstimatorUnchecked)
+
+
+def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
     full = merged_config(config)
     for name, value, low in (("seed", full.seed, 0), ("steps", full.steps, 1),
                              ("log_every", full.log_every, 1),
@@ -253,17 +278,21 @@ def train_config(config: ConfigDict) -> TrainConfig:
         "'' or a workdir of experiments/sft.py or run.py (holding config.json and checkpoints)")
     _check_logging(full.logging)
     import_env_modules(full.env.module)
-    all_envs = envs_jax.names() + envs_host.names()
+    all_envs = _jax_env_names() + envs_host.names()
     require_valid("env.name", full.env.name, full.env.name in all_envs, f"one of {all_envs}")
     envs_host.PoolConfig(**full.host.to_dict())
     eval_config(full)
     MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
-    sections = {name: kind(**_fastest(name, full[name].to_dict()))
-                for name, kind in SECTIONS.items() if name != "rollout"}
+    sections = {name: section(**_fastest(name, full[name].to_dict()))
+                for name, section in SECTIONS.items() if name not in ("rollout", "advantage")}
+    advantage = full.advantage.to_dict()
+    if kind is not TrainConfig:  # its estimator's name is checked by train_config
+        advantage["estimator"] = None
+    sections["advantage"] = AdvantageConfig(**advantage)
     sections["rollout"] = RolloutConfig(**_rollout_values(full))
     if full.nothink:
         sections["rollout"] = dataclasses.replace(sections["rollout"], mode="nothink")
-    result = TrainConfig(algo=full.algo, **sections)
+    result = kind(algo=full.algo, **sections)
     return result.vanilla() if full.vanilla else result
 
 
@@ -326,7 +355,8 @@ def _rollout_values(full: ConfigDict) -> dict[str, Any]:
         env_settings = dataclasses.replace(
             envs_jax.EnvSettings(), **{k: v for k, v in given.items() if k in ENV_SETTINGS})
     else:
-        env_settings = envs_jax.settings(full.env.name)
+        env_settings = (envs_jax.settings(full.env.name) if _registry_loaded()
+                        else BUILTIN[full.env.name])
     for key in ENV_SETTINGS:
         if values[key] is None:
             values[key] = getattr(env_settings, key)
@@ -364,9 +394,10 @@ def config_from_train_config(train: TrainConfig, **top: Any) -> ConfigDict:
 
 def read_run_config(workdir: str | Path) -> tuple[ConfigDict, dict[str, Any] | None]:
     """The config a run of experiments/run.py ran, from its workdir's config.json, checked
-    like any config (train_config), and the record of the memory settings chosen for the knobs
-    it left unset (config.json's "auto_memory", autofit.Choice.record(); None when there is
-    none). Those knobs are set to the chosen values in the returned config, so that a
+    like any config without importing JAX (check_config; train_config, which a consumer calls
+    before it builds the step, checks the estimator too), and the record of the memory
+    settings chosen for the knobs it left unset (config.json's "auto_memory",
+    autofit.Choice.record(); None when there is none). Those knobs are set to the chosen values in the returned config, so that a
     consumer (evaluate.py, export.py, a notebook) builds the step the run stepped with.
     Raises FileNotFoundError / ValueError, one line naming the file and what was expected."""
     workdir = Path(workdir)
@@ -387,14 +418,26 @@ def read_run_config(workdir: str | Path) -> tuple[ConfigDict, dict[str, Any] | N
     record = saved.pop(AUTO_MEMORY, None)
     saved.pop("sft", None)  # an experiments/sft.py workdir's: how it trained, not what runs
     config = merged_config(saved)
-    train_config(config)
+    check_config(config)
     chosen = (record or {}).get("settings") or {}
     for section, names in AUTO.items():
         for name in names:
             if config[section][name] is None and f"{section}.{name}" in chosen:
                 config[section][name] = chosen[f"{section}.{name}"]
-    train_config(config)  # the chosen values are valid knob values too
+    check_config(config)  # the chosen values are valid knob values too
     return config, record
+
+
+def _registry_loaded() -> bool:
+    """Whether envs_jax's registry is imported (by a user's env module, or any use of the
+    games): it then holds the built-in envs and every env registered since."""
+    return "envs_jax.registry" in sys.modules
+
+
+def _jax_env_names() -> tuple[str, ...]:
+    """The registered JAX env names, sorted; the built-in ones (envs_jax.catalog) while the
+    registry is not imported, without importing it."""
+    return envs_jax.names() if _registry_loaded() else tuple(sorted(BUILTIN))
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -406,7 +449,7 @@ def eval_config(config: Any) -> EvalConfig:
     full = merged_config(config)
     envs = _names(full.eval.envs) or default_eval_envs(full.env.name)
     # A host env's run evaluates host envs (host_train.HostEvaluator), a JAX env's JAX envs.
-    same_kind = envs_host.names() if full.env.name in envs_host.names() else envs_jax.names()
+    same_kind = envs_host.names() if full.env.name in envs_host.names() else _jax_env_names()
     for name in envs:
         require_valid("eval.envs", full.eval.envs, name in same_kind,
                  f"comma-separated names from {same_kind} ('' = the training env and its "

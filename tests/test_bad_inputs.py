@@ -4,10 +4,12 @@ does not parse too, not absl's two-line FATAL message) naming the key or file an
 valid, exit status 1 (the project's convention: cli.run_app), no traceback, and nothing
 written. run.py's `main` runs in this process (absl's flags are reset between cases);
 evaluate.py and sweep.py, which define flags of the same names, run once each in a subprocess
-for their wiring and otherwise through the functions their `main` calls."""
+for their wiring and otherwise through the functions their `main` calls. Run as scripts, run.py,
+evaluate.py and export.py report a bad config before they import JAX, flax or jumanji."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -333,3 +335,58 @@ def test_other_scripts_on_the_command_line(tmp_path, script, argv, expected):
     assert done.returncode == 1, done.stderr[-2000:]
     assert expected in _one_line(done.stderr)
     assert not list(tmp_path.iterdir()), "nothing is written"
+
+
+# Run as scripts, the entry points parse and check the config before they import JAX, flax or
+# jumanji (seconds): the error line comes first. `imported:` (stdout, at exit) lists those of
+# them that were imported by then.
+_AT_EXIT = ("import atexit, runpy, sys; atexit.register(lambda: print('imported:', sorted("
+            "m for m in ('jax', 'jumanji', 'flax') if m in sys.modules))); "
+            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.mark.parametrize("script, argv, expected, heavy", [
+    ("run.py", ["--config.steps=abc"], "error: flag --config.steps=abc: invalid literal", []),
+    ("run.py", ["--config.rollout.groups=0"], "rollout.groups = 0 is invalid", []),
+    ("run.py", ["--config.env.name=sokobn"], "config.env.name = 'sokobn' is invalid", []),
+    ("run.py", ["--config.stepz=1"], "unknown --config override key", []),
+    ("evaluate.py", ["--workdir", "{tmp}/none"], "config.json does not exist", []),
+    ("evaluate.py", ["--workdir", "{tmp}/run"], "config.steps = 0 is invalid", []),
+    ("export.py", ["--workdir", "{tmp}/none", "--out", "{tmp}/out"],
+     "config.json does not exist", []),
+    # Deferred: the estimators' registry (starpo_jax.advantages) imports JAX.
+    ("run.py", ["--config.advantage.estimator=nope"], "advantage.estimator = 'nope'", ["jax"]),
+])
+def test_scripts_check_the_config_before_the_heavy_imports(tmp_path, script, argv, expected,
+                                                           heavy):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"steps": 0}))
+    if script == "run.py":
+        argv = ["--config", "quickstart.py", *argv, "--workdir", "{tmp}/w"]
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    done = subprocess.run([sys.executable, "-c", _AT_EXIT, str(ROOT / "experiments" / script),
+                           *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert expected in _one_line(done.stderr)
+    imported = ast.literal_eval(done.stdout.split("imported:")[1].strip())
+    assert imported == heavy if not heavy else set(heavy) <= set(imported)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "nothing is written"
+
+
+def test_check_config_defers_only_the_estimator():
+    """run_config.check_config (no JAX) checks what train_config does but the estimator."""
+    from starpo_jax.run_config import check_config
+
+    config = api.config_for("bandit", "grpo")
+    config.advantage.estimator = "nope"
+    check_config(config)
+    with pytest.raises(ValueError, match="advantage.estimator = 'nope' is invalid"):
+        api.train_config(config)
+    config.advantage.estimator = "gae"  # a critic's estimator with GRPO
+    check_config(config)
+    with pytest.raises(ValueError, match="one without a critic"):
+        api.train_config(config)
+    config.advantage.estimator = None
+    config.rollout.groups = 0
+    with pytest.raises(ValueError, match="rollout.groups = 0 is invalid"):
+        check_config(config)

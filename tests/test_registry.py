@@ -166,3 +166,26 @@ def test_reset_from_text_round_trips(name):
         assert env.render_text(rebuilt) == text
         assert np.array_equal(env.render_symbols(rebuilt), env.render_symbols(state))
         env.observation_spec.validate(timestep.observation)
+
+
+def test_the_catalogue_holds_the_registered_builtins():
+    """envs_jax.catalog (read without JAX by run_config) is what the games register."""
+    from envs_jax.catalog import BUILTIN
+
+    assert set(BUILTIN) <= set(envs_jax.names())
+    for name, settings in BUILTIN.items():
+        assert envs_jax.settings(name) == settings, name
+        assert envs_jax.make(name).settings == settings, name
+
+
+def test_import_envs_jax_is_light():
+    """`import envs_jax` loads neither JAX nor jumanji until the registry is used."""
+    import subprocess
+    import sys
+
+    code = ("import sys, envs_jax, starpo_jax.run_config; "
+            "print(sorted(m for m in ('jax', 'jumanji', 'flax') if m in sys.modules)); "
+            "envs_jax.names(); print('jumanji' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=True)
+    assert done.stdout.split() == ["[]", "True"]

@@ -12,7 +12,8 @@ import numpy as np
 from jumanji import specs
 from jumanji.types import StepType, TimeStep
 
-from envs_jax.base import EnvSettings, TextEnv, symbol_text
+from envs_jax.base import TextEnv, symbol_text
+from envs_jax.catalog import ONE_SHOT
 from envs_jax.bandit import types as t
 from envs_jax.bandit.types import Observation, State
 
@@ -37,10 +38,7 @@ class Bandit(TextEnv[State, Observation]):
     max_steps = 1
     instructions = ""  # the original's env_instruction for Bandit is empty
     lists_actions = False
-    # The original's bandit run: one turn, one action (config/_1_bandit.yaml, envs.yaml).
-    settings = EnvSettings(
-        max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1, announced_tokens=100
-    )
+    settings = ONE_SHOT  # the original's bandit run: one turn, one action
 
     def __init__(
         self,

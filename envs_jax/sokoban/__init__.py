@@ -1,19 +1,23 @@
 """Sokoban (and its larger and new-vocabulary variants) as pure-JAX text environments."""
 
+from envs_jax.catalog import BUILTIN
 from envs_jax.registry import register
 from envs_jax.sokoban.constants import NEW_VOCAB_SYMBOLS, SYMBOLS
 from envs_jax.sokoban.env import Sokoban
 from envs_jax.sokoban.types import Observation, State
 
-register("sokoban", Sokoban, dim_room=(6, 6), num_boxes=1, search_depth=300)
+register("sokoban", Sokoban, settings=BUILTIN["sokoban"], dim_room=(6, 6), num_boxes=1,
+         search_depth=300)
 # Depth 10 allows only 8 pulls, so the DFS covers that small ball almost fully: many short
 # playouts match its difficulty (median 6 moves; 128 gives noticeably easier levels).
 register(
-    "sokoban_large", Sokoban, dim_room=(8, 8), num_boxes=2, search_depth=10, num_playouts=256
+    "sokoban_large", Sokoban, settings=BUILTIN["sokoban_large"], dim_room=(8, 8), num_boxes=2,
+    search_depth=10, num_playouts=256,
 )
 register(
     "sokoban_new_vocab",
     Sokoban,
+    settings=BUILTIN["sokoban_new_vocab"],
     dim_room=(6, 6),
     num_boxes=1,
     search_depth=300,

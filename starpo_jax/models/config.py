@@ -11,11 +11,10 @@ from typing import Any
 
 import jax.numpy as jnp
 
-#: Names accepted for `dtype` / `param_dtype`.
-DTYPES = ("float32", "bfloat16", "float16")
-
-#: The projections of a layer that can carry LoRA adapters (layers.py's weight names).
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The projections of a layer that can carry LoRA adapters (layers.py's weight names), with
+# LoraConfig, and the names accepted for `dtype` / `param_dtype`: defined without JAX.
+from starpo_jax.config import LORA_TARGETS  # noqa: F401
+from starpo_jax.config import MODEL_DTYPES as DTYPES
 
 #: Hugging Face architecture name -> (model_type, whether q/k/v projections carry a bias).
 SUPPORTED_ARCHITECTURES = {

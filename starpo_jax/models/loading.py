@@ -6,10 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+# The model names a config may give (run_config checks them without JAX).
+from starpo_jax.config import EMBEDDED_NAME, TINY_RANDOM_NAME  # noqa: F401
 from starpo_jax.models.decoder import Decoder
-
-EMBEDDED_NAME = "smollm2-135m-instruct"
-TINY_RANDOM_NAME = "tiny-random"
 
 
 def load_pretrained(

@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from starpo_jax.config import SAMPLER_DTYPES  # noqa: F401 (with RolloutConfig, no JAX)
 from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.lora import base_config, merged_params
 
 #: Accepted values of rollout.sampler_dtype.
-SAMPLER_DTYPES = ("model", "bfloat16")
 
 
 def sampler_config(config: ModelConfig, dtype: str) -> ModelConfig:
