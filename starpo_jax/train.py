@@ -247,11 +247,12 @@ def logprob_diff(behaviour: jax.Array, logp: jax.Array, mask: jax.Array) -> Metr
             "rollout/logprob_diff_max": jnp.max(jnp.where(mask, diff, 0.0))}
 
 
-def rollout_metrics(out: Rollout, batch: Batch, group: int) -> Metrics:
+def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
     """Statistics of the whole rollout and of its kept rows (the original's names, and
     rollout/anchor_share: GiGPO's share of taken turns whose start state another turn of the
-    group shares). group: rollout.group_size."""
+    group shares)."""
     kept, selection = batch.rollout, batch.selection
+    group = out.success.shape[0] // selection.group_std.shape[0]  # rollout.group_size
     reward = out.scores_without_penalty
     # The groups really kept (a variable-count strategy keeps fewer than the static bound).
     really = jnp.repeat(selection.kept, kept.lengths.shape[0] // selection.kept.shape[0])
@@ -512,7 +513,7 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
             state, more = jax.lax.scan(again, state, keys[1:])
             aux = {k: (v + more[k].sum()) / (1 if k in SKIPPED_UPDATES else opt.rollout_reuse)
                    for k, v in aux.items()}
-        metrics = rollout_metrics(out, batch, group)
+        metrics = rollout_metrics(out, batch)
         metrics.update(aux, **collapse)
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics
