@@ -21,7 +21,6 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
@@ -35,6 +34,7 @@ from envs_jax.catalog import BUILTIN
 from starpo_jax.config import (EMBEDDED_NAME, TINY_RANDOM_NAME, AdvantageConfig, CollapseConfig,
                                EvalConfig, FilterConfig, LoraConfig, LossConfig, MonitorConfig,
                                OptimConfig, RolloutConfig, TrainConfig, default_eval_envs)
+from starpo_jax.workdir import read_json_object
 
 ConfigDict = config_dict.ConfigDict
 SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": AdvantageConfig,
@@ -409,10 +409,8 @@ def read_run_config(workdir: str | Path) -> tuple[ConfigDict, dict[str, Any] | N
         raise FileNotFoundError(f"{path} does not exist: expected the --workdir of a run of "
                                 "experiments/run.py")
     try:
-        saved = json.loads(path.read_text())
-        if not isinstance(saved, dict):
-            raise ValueError(f"a JSON {type(saved).__name__}, not an object")
-    except (UnicodeDecodeError, ValueError) as error:
+        saved = read_json_object(path)
+    except ValueError as error:
         raise ValueError(f"{path} is not valid JSON ({error}); it is the config.json that "
                          "experiments/run.py writes in its workdir") from None
     record = saved.pop(AUTO_MEMORY, None)

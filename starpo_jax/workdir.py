@@ -34,6 +34,18 @@ class RunFault(RuntimeError):
     happened, what was kept, and how to go on."""
 
 
+def read_json_object(path: Path) -> dict:
+    """The JSON object in `path` (a workdir's config.json): ValueError saying what else it
+    holds (not text, not JSON, or JSON that is not an object)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ValueError(str(error)) from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"a JSON {type(saved).__name__}, not an object")
+    return saved
+
+
 _held: dict[Path, int] = {}  # workdir -> nesting depth of this process's WorkdirLocks on it
 
 
@@ -156,10 +168,8 @@ def check_config(path: Path, config: dict, resume: bool, resumable: tuple[str, .
                            "against this config: put it back, or pass another --workdir")
         check_resumable(path.parent)
     try:
-        saved = json.loads(path.read_text())
-        if not isinstance(saved, dict):
-            raise ValueError(f"a JSON {type(saved).__name__}, not an object")
-    except (ValueError, UnicodeDecodeError) as error:
+        saved = read_json_object(path)
+    except ValueError as error:
         raise RunFault(f"{path} is not a run config ({error}): was it edited by hand or cut "
                        "short? Restore it, or pass another --workdir") from None
     saved, config = _flat(saved), _flat(config)
