@@ -6,6 +6,21 @@
     python experiments/bench_step.py --config quickstart.py      # a run config's step, as run.py
     python experiments/bench_step.py --config quickstart.py --runs 3   # phases of the 3rd run
     python experiments/bench_step.py --config sokoban_ppo.py --set rollout.reply_tokens=100
+    python experiments/bench_step.py --suite     # the CPU suite's multi-turn shape: Sokoban and
+                                                 # FrozenLake, 4 x 8, 5 turns, 16-token replies
+    python experiments/bench_step.py --paper     # sokoban_ppo.py with 100-token replies
+    python experiments/bench_step.py --suite --profile      # + rollout / update phase split
+    python experiments/bench_step.py --suite --against 4eb1311 --pairs 2   # side by side
+
+--suite and --paper bench run config files (as --config) and take --set the same way.
+--profile adds, per config, the rollout's split into the first prompt's prefill, the later
+turns' message prefills, the decode steps and the rest (environment, parsing, buffers), and
+the update's into forward, backward and attention (each piece compiled alone at the step's
+shapes and timed, its count from the config: an estimate beside the step's measured phases).
+--against COMMIT checks COMMIT out into a git worktree (/tmp/starpo_against_<commit>) and runs
+this same script, with the same arguments, alternately on that code and on this one (each run a
+process of its own, `--pairs` times each), then prints each run's step and phases and the
+ratio of the medians (older / this: > 1 is faster here).
 
 --config benchmarks the step a run config file (experiments/configs) builds, exactly as
 `experiments/run.py --config FILE` steps it: its model, shapes and settings, and the memory
@@ -42,8 +57,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import resource
+import statistics
+import subprocess
 import sys
 import time
 from typing import Any, NamedTuple
@@ -51,17 +69,22 @@ from typing import Any, NamedTuple
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
 import envs_jax  # noqa: E402
 from bench_sampler import matmul_peak  # noqa: E402
 from suites import load_config  # noqa: E402
 from starpo_jax import api  # noqa: E402
+from starpo_jax.forward import sequence_logprobs  # noqa: E402
+from starpo_jax.models import KVCache, layers  # noqa: E402
 from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
 from starpo_jax.flops import phase_flops  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.phases import phase_name  # noqa: E402
 from starpo_jax.sweep import parse_overrides, setting_config  # noqa: E402
-from starpo_jax.rollout import buffer_length  # noqa: E402
+from starpo_jax.rollout import _prompt_widths, buffer_length  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train import (filter_selection, init_train_state, make_train_fns,  # noqa: E402
                               make_train_step)
@@ -221,12 +244,19 @@ def bench(setup: Setup, peak: float, runs: int = 1) -> dict:
     tokens = {"rollout": int(lengths.sum()), "old_logprobs": int(kept.sum()),
               "update": int(kept.sum())}
     flops = phase_flops(model_config, config, lengths, kept, prefix, kept_prefix)
+    length = buffer_length(codec, r)
+    # Real tokens' share of the buffers the forwards run over: every row's for the rollout,
+    # the kept rows' for the update.
+    real_share = {"rollout": tokens["rollout"] / (rows * length),
+                  "old_logprobs": tokens["update"] / max(kept.size * length, 1),
+                  "update": tokens["update"] / max(kept.size * length, 1)}
     phases = {name: dict(seconds=seconds[name], tokens=tokens[name],
+                         real_share=real_share[name],
                          tok_s=tokens[name] / seconds[name], gflop=flops[name] / 1e9,
                          mfu=flops[name] / seconds[name] / peak) for name in PHASES}
     o = config.optim
     return dict(model=name, env=env_name, algo=config.algo, B=rows,
-                L=buffer_length(codec, r), turns=r.max_turns, reply=r.reply_tokens,
+                L=length, turns=r.max_turns, reply=r.reply_tokens,
                 knobs=f"mb {o.micro_batches}, remat {o.remat}, {r.cache_dtype} cache, "
                       f"{r.chunks} chunks",
                 compile_step=compile_time, **seconds, step=step_time,
@@ -240,12 +270,134 @@ def phase_table(row: dict) -> str:
     """The markdown table of one bench() row's phases: seconds, real tokens, tokens/s, useful
     GFLOP and MFU."""
     lines = [f"{row['model']} ({row['env']}, {row['algo']}, B={row['B']}, L={row['L']}):",
-             "| phase | seconds | real tokens | tokens/s | useful GFLOP | MFU |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| phase | seconds | real tokens | real share | tokens/s | useful GFLOP | MFU |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, ph in row["phases"].items():
-        lines.append(f"| {name} | {ph['seconds']:.2f} | {ph['tokens']} | {ph['tok_s']:.1f} | "
-                     f"{ph['gflop']:.1f} | {100 * ph['mfu']:.1f}% |")
+        lines.append(f"| {name} | {ph['seconds']:.2f} | {ph['tokens']} | "
+                     f"{100 * ph['real_share']:.0f}% | {ph['tok_s']:.1f} | {ph['gflop']:.1f} | "
+                     f"{100 * ph['mfu']:.1f}% |")
     return "\n".join(lines)
+
+
+SUITE = ("sokoban_cpu.py", "frozen_lake_cpu.py")  # the CPU suite's multi-turn shape
+PAPER = ("sokoban_ppo.py", ["rollout.reply_tokens=100"])  # issue 32's paper shape
+
+
+def _timed(fn, *args, reps: int = 2) -> float:
+    """Best seconds of `reps` runs of a compiled fn(*args) (compiled and run once first)."""
+    compiled = jax.jit(fn).lower(*args).compile()
+    jax.block_until_ready(compiled(*args))
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def profile(setup: Setup) -> dict:
+    """Seconds of the step's pieces, each compiled alone at the setup's shapes and timed, times
+    its count in one step (an estimate; the step's own phases are measured by bench()).
+
+    rollout (per chunk of rollout.chunks): the groups' first prompts prefilled into an empty
+    cache (once), a turn's environment message prefilled for every row into a half-full cache
+    (max_turns - 1 times), one decode step of every row against a half-full cache (max_turns x
+    reply_tokens times: an upper bound, replies that stop early take fewer). update: one
+    micro-batch slice of the kept rows, a teacher-forced pass over the whole buffer without and
+    with the gradient (the per-row path), and its causal attention alone (every layer, forward
+    and forward+backward), times the slices, mini-batches and epochs."""
+    model, codec, config = setup.model, setup.codec, setup.config
+    r, o, mc = config.rollout, config.optim, setup.model.config
+    rows, length = r.groups * r.group_size // r.chunks, buffer_length(codec, r)
+    first, later = _prompt_widths(codec)
+    graph, params = nnx.split(model)
+    ids = lambda b, t: jnp.ones((b, t), jnp.int32)  # noqa: E731 any token: the work is the same
+
+    def cache(b: int, end: int) -> KVCache:
+        empty = KVCache.init(mc, b, length, r.cache_dtype)
+        return empty.replace(end=jnp.full((b,), end, jnp.int32))
+
+    def prefill(params, tokens, kv):
+        return nnx.merge(graph, params).hidden_states(tokens, cache=kv)[1]
+
+    def decode(params, tokens, kv):
+        return nnx.merge(graph, params)(tokens, cache=kv)
+
+    half = length // 2
+    out = {"first_prefill": r.chunks * _timed(prefill, params, ids(r.groups // r.chunks, first),
+                                              cache(r.groups // r.chunks, 0)),
+           "message_prefill": r.chunks * (r.max_turns - 1) * _timed(
+               prefill, params, ids(rows, later), cache(rows, half)),
+           "decode": r.chunks * r.max_turns * r.reply_tokens * _timed(
+               decode, params, ids(rows, 1), cache(rows, half))}
+    slice_rows = max(config.kept_rows // config.minibatches // o.micro_batches, 1)
+    times = o.micro_batches * config.minibatches * o.ppo_epochs
+    tokens = ids(slice_rows, length)
+    lengths = jnp.full((slice_rows,), length, jnp.int32)
+    slots = r.max_turns * r.reply_tokens
+    mask = jnp.broadcast_to(jnp.arange(length) >= length - slots, tokens.shape)
+
+    def logprob_sum(params):
+        m = nnx.merge(graph, params)
+        return sequence_logprobs(m, tokens, lengths, mask, slots, min(o.logit_chunk, slots))[0].sum()
+
+    out["update_forward"] = times * _timed(logprob_sum, params)
+    out["update_forward_backward"] = times * _timed(jax.grad(logprob_sum), params)
+    heads, kv_heads, hd = mc.num_heads, mc.num_kv_heads, mc.head_dim
+    q = jnp.ones((slice_rows, length, heads, hd), jnp.float32) * 0.1
+    k = jnp.ones((slice_rows, kv_heads, length, hd), jnp.float32) * 0.1
+    visible = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (slice_rows, length, length))
+    attend = lambda q, k, v: layers.attention(q, k, v, visible, causal=True).sum()  # noqa: E731
+    layer_times = times * mc.num_layers
+    out["attention_forward"] = layer_times * _timed(attend, q, k, k)
+    out["attention_forward_backward"] = layer_times * _timed(
+        jax.grad(attend, argnums=(0, 1, 2)), q, k, k)
+    return out
+
+
+def profile_table(row: dict) -> str:
+    """The markdown table of one profile(): each piece's estimated seconds per step."""
+    lines = [f"{row['model']}: pieces timed alone (seconds per step, estimated):",
+             "| piece | seconds |", "|---|---:|"]
+    lines += [f"| {name} | {sec:.2f} |" for name, sec in row["profile"].items()]
+    rollout = row["rollout"] - sum(row["profile"][k] for k in ("first_prefill", "message_prefill",
+                                                              "decode"))
+    lines.append(f"| rollout rest (measured rollout - the three above) | {rollout:.2f} |")
+    return "\n".join(lines)
+
+
+def against(commit: str, argv: list[str], pairs: int) -> None:
+    """Runs this script with `argv` alternately on `commit`'s code (a git worktree) and on this
+    checkout's, `pairs` runs each, and prints the runs and the ratio of the medians."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sha = subprocess.run(["git", "-C", here, "rev-parse", "--short", commit], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = f"/tmp/starpo_against_{sha}"
+    if not os.path.isdir(tree):
+        subprocess.run(["git", "-C", here, "worktree", "add", "--detach", tree, sha], check=True)
+    runs: dict[str, list] = {sha: [], "this": []}
+    for pair in range(pairs):
+        for label, root in ((sha, tree), ("this", here)):
+            path = f"/tmp/bench_step_{label}_{pair}.json"
+            env = dict(os.environ, PYTHONPATH=root)
+            print(f"[{time.strftime('%H:%M:%S')}] run {pair + 1}/{pairs} of {label} ({root}); "
+                  f"load average {os.getloadavg()}", flush=True)
+            subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--json", path],
+                           check=True, env=env)
+            with open(path) as f:
+                runs[label].append(json.load(f))
+    print(f"\nside by side ({pairs} runs each, alternating; load average now "
+          f"{os.getloadavg()}):")
+    print("| config | phase | " + " | ".join(f"{sha} run {i + 1}" for i in range(pairs))
+          + " | " + " | ".join(f"this run {i + 1}" for i in range(pairs)) + " | ratio |")
+    print("|---|---|" + "---:|" * (2 * pairs + 1))
+    for i, row in enumerate(runs["this"][0]):
+        for phase in ("rollout", "old_logprobs", "update", "step", "compile_step"):
+            old = [run[i][phase] for run in runs[sha]]
+            new = [run[i][phase] for run in runs["this"]]
+            ratio = statistics.median(old) / max(statistics.median(new), 1e-9)
+            print(f"| {row['model']} | {phase} | " + " | ".join(f"{x:.1f}" for x in old + new)
+                  + f" | {ratio:.2f}x |")
 
 
 def main() -> None:
@@ -270,11 +422,32 @@ def main() -> None:
                         help="with --config: override a config key (repeatable)")
     parser.add_argument("--runs", type=int, default=1,
                         help="run the compiled step this many times, report the last run")
+    parser.add_argument("--suite", action="store_true",
+                        help=f"bench the CPU suite's multi-turn configs {SUITE}")
+    parser.add_argument("--paper", action="store_true",
+                        help=f"bench the paper shape: {PAPER[0]} with {PAPER[1][0]}")
+    parser.add_argument("--profile", action="store_true",
+                        help="also time the rollout's and the update's pieces alone")
+    parser.add_argument("--against", default=None, metavar="COMMIT",
+                        help="run side by side with COMMIT's code (a git worktree), alternating")
+    parser.add_argument("--pairs", type=int, default=1, help="with --against: runs of each")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
+    if args.against:
+        argv, skip = [], False
+        for a in sys.argv[1:]:  # every argument but --against / --pairs and their values
+            if skip or a in ("--against", "--pairs"):
+                skip = not skip and a in ("--against", "--pairs")
+                continue
+            if a.startswith(("--against=", "--pairs=")):
+                continue
+            argv.append(a)
+        against(args.against, argv, args.pairs)
+        return
     if args.runs < 1:
         parser.error(f"--runs must be >= 1; got {args.runs}")
-    if args.set and not args.config:
-        parser.error("--set goes with --config")
+    if args.set and not (args.config or args.suite or args.paper):
+        parser.error("--set goes with --config, --suite or --paper")
     knobs = dict(micro_batches=args.micro_batches, remat=args.remat, cache_dtype=args.cache_dtype,
                  chunks=args.rollout_chunks)
     if args.compile_only:
@@ -283,12 +456,14 @@ def main() -> None:
         print(" | ".join(row))
         print(" | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
         return
-    if args.config:
+    names = ([(args.config, [])] if args.config else [(n, []) for n in SUITE] if args.suite
+             else [PAPER] if args.paper else [])
+    if names:
         try:
-            config = _read_config(args.config, args.set)
+            configs = [(name, _read_config(name, sets + args.set)) for name, sets in names]
         except (ValueError, FileNotFoundError) as error:
             parser.error(str(error))
-        cases = [lambda: _setup_config(args.config, config)]
+        cases = [lambda n=n, c=c: _setup_config(n, c) for n, c in configs]
     elif args.quick:
         cases = [lambda: _setup("tiny-random", args.env, 2, 4, 2, 16, args.algo, knobs)]
     else:
@@ -300,12 +475,21 @@ def main() -> None:
             "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "mfu", "peak_rss_gib")
     print(" | ".join(cols))
     rows = []
-    for setup in cases:
-        rows.append(bench(setup(), peak, args.runs))
+    for case in cases:
+        setup = [case()]  # popped into bench(): no reference left here to count in the peak
+        pieces = profile(setup[0]) if args.profile else None
+        rows.append(bench(setup.pop(), peak, args.runs))
+        if pieces:
+            rows[-1]["profile"] = pieces
         print(" | ".join(f"{rows[-1][c]:.2f}" if isinstance(rows[-1][c], float)
                          else str(rows[-1][c]) for c in cols), flush=True)
     for row in rows:
         print(f"\n{phase_table(row)}")
+        if "profile" in row:
+            print(f"\n{profile_table(row)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f)
 
 
 if __name__ == "__main__":

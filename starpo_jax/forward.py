@@ -69,6 +69,56 @@ def in_row_slices(fn: Callable[[Any], Any], batch: Any, pieces: int,
     return merge_rows(jax.lax.map(fn, split_rows(batch, pieces, mesh)))
 
 
+#: Buffers at least this long run their teacher-forced passes over the shortest of a few widths
+#: that holds the batch's real tokens (`length_widths`); shorter ones always run whole.
+TRIM_FROM = 512
+#: The widths' shares of the buffer length L (each rounded up to WIDTH_MULTIPLE), L itself last.
+WIDTH_SHARES = (0.55, 0.7, 0.85)
+WIDTH_MULTIPLE = 32
+
+
+def length_widths(length: int, floor: int = 1) -> tuple[int, ...]:
+    """The compiled widths of a buffer of `length` tokens, none below `floor`, ascending, the
+    last = length."""
+    if length < TRIM_FROM:
+        return (length,)
+    up = lambda x: -(-x // WIDTH_MULTIPLE) * WIDTH_MULTIPLE  # noqa: E731
+    return tuple(sorted({min(length, max(floor, up(int(length * f)))) for f in WIDTH_SHARES}
+                        | {length}))
+
+
+def over_real_length(fn: Callable[[Any], tuple[Any, Any]], tree: Any, need: jax.Array,
+                     length: int, floor: int = 1) -> tuple[Any, Any]:
+    """fn(tree) over the shortest of length_widths(length, floor) that is >= need (a
+    lax.switch: each width its own compiled branch, one of them runs; floor: the least width
+    fn takes, e.g. a shared prefix's).
+
+    Every leaf of tree whose axis 1 has `length` entries ([rows, L, ...]) is cut to the
+    width's first columns; fn(cut) -> (out, per_token) with per_token's leaves [rows, width, ...],
+    padded back to [rows, L, ...] with zeros. need: [] int32, the columns fn's result reads
+    (e.g. the rows' longest real length). Padding takes a share of a rollout's buffer that
+    grows with its turns (a turn's message is padded to its static width): the forward and
+    backward passes of a causal model over columns before `need` do not read the later ones,
+    so the result is fn(tree)'s up to float rounding wherever per_token is read.
+    """
+    widths = length_widths(length, floor)
+    if len(widths) == 1:
+        return fn(tree)
+
+    def branch(width: int) -> Callable[[Any], tuple[Any, Any]]:
+        def run(tree):
+            cut = jax.tree.map(lambda x: x[:, :width] if x.ndim >= 2 and x.shape[1] == length
+                               else x, tree)
+            out, per_token = fn(cut)
+            pad = lambda y: jnp.pad(y, [(0, 0), (0, length - width)]  # noqa: E731
+                                    + [(0, 0)] * (y.ndim - 2))
+            return out, jax.tree.map(pad, per_token)
+        return run
+
+    index = jnp.searchsorted(jnp.asarray(widths, jnp.int32), need.astype(jnp.int32))
+    return jax.lax.switch(jnp.minimum(index, len(widths) - 1), [branch(w) for w in widths], tree)
+
+
 def reply_slots(loss_mask: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
     """Positions of the first `slots` reply tokens of each row, in order.
 

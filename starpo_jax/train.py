@@ -50,8 +50,8 @@ from starpo_jax.config import ESTIMATOR_PARAMS, TrainConfig
 from starpo_jax.failures import failure_fractions
 from starpo_jax.filtering import (VALUE_METRICS, GroupSelection, gather_group_rows, kept_share,
                                   select_groups)
-from starpo_jax.forward import (accumulated_grad, in_row_slices, sequence_logprobs,
-                                sequence_values)
+from starpo_jax.forward import (accumulated_grad, in_row_slices, over_real_length,
+                                sequence_logprobs, sequence_values)
 from starpo_jax.losses import aggregate, aggregate_normaliser, kl_penalty, policy_loss, value_loss
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.lora import (adapted, base_config, fresh_trainable, joined,
@@ -352,10 +352,24 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
             return sequence_values(critic, batch.tokens, batch.lengths)
         return shared_values(critic, batch, groups, plan)
 
+    def over_length(fn, rows, tree, plan):
+        """over_real_length(fn, tree) for the forward over `rows` under `plan`: the columns it
+        reads are the longest row's, or with a shared prefix the prefix width (the least width
+        it takes) and the longest suffix."""
+        if plan is None:
+            need, floor = jnp.max(rows.lengths), 1
+        else:
+            need, floor = jnp.max(rows.lengths - rows.prompt_lengths) + plan.width, plan.width
+        return over_real_length(fn, tree, need, rows.tokens.shape[1], floor)
+
     def forward_logprobs(params, batch, graph=train_def):
-        """Log-probs without a gradient, in optim.micro_batches row slices (bounds memory)."""
-        return in_row_slices(lambda b: logprobs(params, *b, prepare_plan, graph)[0],
-                             (batch, kept_groups), opt.micro_batches, mesh)
+        """Log-probs without a gradient, in optim.micro_batches row slices (bounds memory),
+        over the batch's real length."""
+        def run(batch):
+            return (), in_row_slices(lambda b: logprobs(params, *b, prepare_plan, graph)[0],
+                                     (batch, kept_groups), opt.micro_batches, mesh)
+
+        return over_length(run, batch, batch, prepare_plan)[1]
 
     def reference_logprobs(state, batch):
         if lora:
@@ -411,9 +425,10 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         normaliser = aggregate_normaliser(mb["rollout"].loss_mask, cfg.loss.agg, slots)
         used = mb["rollout"].loss_mask.any()
         trainable, frozen = trainable_split(state.actor, lora)
-        grads, (logp, entropy) = accumulated_grad(
+        # The passes run over the mini-batch's real length (forward.over_real_length).
+        grads, (logp, entropy) = over_length(lambda mb: accumulated_grad(
             lambda p, b: actor_loss(joined(p, frozen), b, normaliser), trainable, mb,
-            opt.micro_batches, mesh)
+            opt.micro_batches, mesh), mb["rollout"], mb, update_plan)
         loss, aux = actor_objective(logp, entropy, mb, normaliser)
         if "old_logp" not in mb:  # the one update: these log-probs are the pre-update ones
             aux.update(logprob_diff(mb["rollout"].behaviour_logp, logp, mb["rollout"].loss_mask))
@@ -423,9 +438,9 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         state = state.replace(actor=joined(actor, frozen), actor_opt=actor_opt)
         aux["used"] = used
         if ppo:
-            grads, values = accumulated_grad(
+            grads, values = over_length(lambda mb: accumulated_grad(
                 lambda p, b: critic_loss(joined(p, frozen), b, normaliser), state.critic, mb,
-                opt.micro_batches, mesh)
+                opt.micro_batches, mesh), mb["rollout"], mb, update_plan)
             loss, critic_aux = critic_objective(values, mb, normaliser)
             aux.update(critic_aux, **{"critic/grad_norm": optax.tree.norm(grads)})
             critic, critic_opt, aux["critic/skipped_updates"] = apply_if(

@@ -18,7 +18,9 @@ from flax import nnx  # noqa: E402
 
 from starpo_jax.config import (FilterConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
-from starpo_jax.forward import sequence_logprobs, sequence_values  # noqa: E402
+from starpo_jax import forward as forward_lib  # noqa: E402
+from starpo_jax.forward import (length_widths, over_real_length, sequence_logprobs,  # noqa: E402
+                                sequence_values)
 from starpo_jax.models import Decoder  # noqa: E402
 from starpo_jax.rollout import Rollout  # noqa: E402
 from starpo_jax.shared_prefix import (PrefixPlan, aligned_slots, group_sorted,  # noqa: E402
@@ -137,6 +139,47 @@ def test_gradients_through_the_shared_prefix_equal_the_per_row_ones(models):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=2e-5 * scale)
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_passes_over_the_real_length_equal_the_whole_buffer(models, monkeypatch, shared):
+    """The rows padded to a 40-column buffer, their log-probs, entropies and gradients over the
+    shortest width that holds their real tokens (over_real_length, widths 22 .. 40) equal the
+    whole buffer's; the chosen width is a cut one."""
+    monkeypatch.setattr(forward_lib, "TRIM_FROM", 1)
+    monkeypatch.setattr(forward_lib, "WIDTH_MULTIPLE", 1)
+    model, _ = models
+    batch, groups = _batch()
+    wide = 40
+    batch = jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, wide - LENGTH)))
+                         if x is not None and x.ndim == 2 else x, batch)
+    weights = jax.random.normal(jax.random.PRNGKey(1), batch.tokens.shape)
+    plan = PrefixPlan(width=WIDTH, slots=GROUPS)
+    need = (jnp.max(batch.lengths - batch.prompt_lengths) + WIDTH if shared
+            else jnp.max(batch.lengths))
+    widths = length_widths(wide)
+    assert widths == (22, 28, 34, 40), widths
+    assert next(w for w in widths if w >= int(need)) < wide  # a cut width runs
+
+    def grad_and_logprobs(params, rows):
+        def loss(params):
+            actor = nnx.merge(nnx.graphdef(model), params)
+            if shared:
+                logp, ent = shared_logprobs(actor, rows, jnp.asarray(groups), plan, SLOTS, 4)
+            else:
+                logp, ent = sequence_logprobs(actor, rows.tokens, rows.lengths, rows.loss_mask,
+                                              SLOTS, 4)
+            width = logp.shape[1]
+            return jnp.sum((logp + 0.1 * ent) * weights[:, :width]), (logp, ent)
+
+        return jax.grad(loss, has_aux=True)(params)
+
+    params = nnx.state(model)
+    trimmed = jax.jit(lambda p, b: over_real_length(lambda r: grad_and_logprobs(p, r), b, need,
+                                                    wide))(params, batch)
+    whole = jax.jit(grad_and_logprobs)(params, batch)
+    for got, want in zip(jax.tree.leaves(trimmed), jax.tree.leaves(whole)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
 def test_slot_bounds_hold_for_every_slicing():
     """aligned_slots is the most groups a contiguous slice of group-major rows holds (counted
     by brute force); group_sorted keeps each mini-batch's rows and orders them by group."""
@@ -203,7 +246,10 @@ def test_train_step_equals_the_per_row_step(algo, optim, loss, rollout_out):
     actor, critic, got = _learn(on, setup, rollout_out)
     assert got.keys() == want.keys()
     for key in want:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
+        # The second epoch's KL to the old policy (~2e-3) is after an Adam step, which moves
+        # a near-zero gradient element by +-lr as its rounding falls (see below): 1e-5.
+        atol = 1e-5 if key == "actor/ppo_kl" else 1e-6
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=atol, err_msg=key)
     # Adam moves each weight by about lr whatever the gradient's size: equal weights to 5% of
     # lr mean equal gradients (a near-zero gradient element's step is its rounding's; the
     # gradients themselves are compared in the test above).
