@@ -339,14 +339,16 @@ def profile(setup: Setup) -> dict:
 
     def logprob_sum(params):
         m = nnx.merge(graph, params)
-        return sequence_logprobs(m, tokens, lengths, mask, slots, min(o.logit_chunk, slots))[0].sum()
+        chunk = min(o.logit_chunk, slots)
+        return sequence_logprobs(m, tokens, lengths, mask, slots, chunk)[0].sum()
 
     out["update_forward"] = times * _timed(logprob_sum, params)
     out["update_forward_backward"] = times * _timed(jax.grad(logprob_sum), params)
     heads, kv_heads, hd = mc.num_heads, mc.num_kv_heads, mc.head_dim
     q = jnp.ones((slice_rows, length, heads, hd), jnp.float32) * 0.1
     k = jnp.ones((slice_rows, kv_heads, length, hd), jnp.float32) * 0.1
-    visible = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (slice_rows, length, length))
+    visible = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)),
+                               (slice_rows, length, length))
     attend = lambda q, k, v: layers.attention(q, k, v, visible, causal=True).sum()  # noqa: E731
     layer_times = times * mc.num_layers
     out["attention_forward"] = layer_times * _timed(attend, q, k, k)

@@ -1,6 +1,6 @@
-"""layers.attention: the blockwise path with its recomputing backward, and the fused path
-(jax.nn.dot_product_attention), checked in values and gradients against a float64 numpy
-softmax attention and its hand-written VJP."""
+"""layers.attention: the blockwise path (query blocks, the causal upper triangle skipped) and
+the fused one (jax.nn.dot_product_attention), checked in values and gradients against a float64
+numpy softmax attention and its hand-written VJP."""
 
 from __future__ import annotations
 

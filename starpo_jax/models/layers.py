@@ -101,9 +101,6 @@ def attention(
     Otherwise (a prefill into a cache; decode steps go to `decode_attention`) the queries go in
     blocks of PREFILL_BLOCK against all keys: each query's softmax is its own, so the result is the
     unblocked one.
-    Each block's backward recomputes its probabilities from the saved log-sum-exp
-    (`_block_attention`, flash attention's way): only their max and sum, [B, H, T] each, are
-    kept per layer, not the [B, H, T, S] probabilities.
     """
     b, t, h, hd = q.shape
     kvh = k.shape[1]
@@ -116,9 +113,12 @@ def attention(
                   for i in range(0, t, CAUSAL_BLOCK)]
     else:
         bounds = [(i, min(i + PREFILL_BLOCK, t), k.shape[2]) for i in range(0, t, PREFILL_BLOCK)]
-    outs = [_block_attention(qh[:, :, :, start:stop], k[:, :, :keys], v[:, :, :keys],
-                             visible[:, None, None, start:stop, :keys])
-            for start, stop, keys in bounds]
+    outs = []
+    for start, stop, keys in bounds:
+        scores = _dot_f32("bkgtd,bksd->bkgts", qh[:, :, :, start:stop], k[:, :, :keys])
+        seen = visible[:, None, None, start:stop, :keys]
+        probs = jax.nn.softmax(jnp.where(seen, scores * (hd**-0.5), _MASKED), axis=-1)
+        outs.append(_dot_f32("bkgts,bksd->bkgtd", probs.astype(q.dtype), v[:, :, :keys]))
     out = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd).astype(q.dtype)
 
@@ -131,56 +131,6 @@ def _fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arra
     k, v = (_values(x).transpose(0, 2, 1, 3).astype(q.dtype) for x in (k, v))  # [B, S, KVH, hd]
     bias = jnp.where(visible, 0.0, _MASKED).astype(q.dtype)[:, None]  # [B, 1, T, S]
     return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=implementation)
-
-
-def _masked_scores(q: jax.Array, k: jax.Array, seen: jax.Array) -> jax.Array:
-    """Scaled scores of one block, _MASKED where not seen: q [B, KVH, G, t, hd], k [B, KVH, s,
-    hd], seen [B, 1, 1, t, s] -> [B, KVH, G, t, s] float32."""
-    scores = _dot_f32("bkgtd,bksd->bkgts", q, k) * (q.shape[-1] ** -0.5)
-    return jnp.where(seen, scores, _MASKED)
-
-
-@jax.custom_vjp
-def _block_attention(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array) -> jax.Array:
-    """softmax(masked q k^T / sqrt(hd)) v of one query block: q [B, KVH, G, t, hd], k, v [B,
-    KVH, s, hd], seen [B, 1, 1, t, s] bool -> [B, KVH, G, t, hd] float32."""
-    return _block_forward(q, k, v, seen)[0]
-
-
-def _block_forward(q, k, v, seen):
-    scores = _masked_scores(q, k, seen)
-    top = jnp.max(scores, axis=-1, keepdims=True)
-    e = jnp.exp(scores - top)
-    total = jnp.sum(e, axis=-1, keepdims=True)
-    out = _dot_f32("bkgts,bksd->bkgtd", (e / total).astype(q.dtype), v)
-    # The max and the sum, not their log-sum-exp: a row with no visible key has max _MASKED,
-    # which swallows log(sum) in float32.
-    return out, (top, total)  # out [B, KVH, G, t, hd]; [B, KVH, G, t, 1] twice
-
-
-def _block_attention_fwd(q, k, v, seen):
-    out, softmax = _block_forward(q, k, v, seen)
-    return out, (q, k, v, seen, softmax)
-
-
-def _block_attention_bwd(res, grad):
-    """The softmax-attention VJP, the probabilities recomputed from the softmax's max and sum."""
-    q, k, v, seen, (top, total) = res
-    probs = jnp.exp(_masked_scores(q, k, seen) - top) / total  # [B, KVH, G, t, s]
-    grad_v = jnp.einsum("bkgts,bkgtd->bksd", probs.astype(q.dtype), grad.astype(q.dtype),
-                        preferred_element_type=jnp.float32)
-    grad_probs = _dot_f32("bkgtd,bksd->bkgts", grad, v)
-    # d softmax: p * (dp - sum_s p dp), the sum taken as autodiff takes it: grad . out, its
-    # equal, rounds apart by more where p is near uniform and dp - sum cancels.
-    delta = jnp.sum(probs * grad_probs, axis=-1, keepdims=True)
-    grad_scores = jnp.where(seen, probs * (grad_probs - delta), 0.0) * (q.shape[-1] ** -0.5)
-    grad_q = _dot_f32("bkgts,bksd->bkgtd", grad_scores.astype(q.dtype), k)
-    grad_k = jnp.einsum("bkgts,bkgtd->bksd", grad_scores.astype(q.dtype), q,
-                        preferred_element_type=jnp.float32)
-    return (grad_q.astype(q.dtype), grad_k.astype(k.dtype), grad_v.astype(v.dtype), None)
-
-
-_block_attention.defvjp(_block_attention_fwd, _block_attention_bwd)
 
 
 #: Key block of a decode step: it reads the cache in blocks of this many slots, and only the
