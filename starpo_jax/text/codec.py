@@ -122,10 +122,10 @@ class Codec(flax.struct.PyTreeNode):
     def _observation_row(self, symbols):
         return self.observation.encode(self._state(symbols))
 
-    def _first_row(self, symbols, actions_left):
+    def _first_row(self, symbols, actions_left, turn):
         return self.first.encode(
             {
-                "turn": bk.int_symbols(jnp.int32(1)),
+                "turn": bk.int_symbols(turn),
                 **self._state(symbols),
                 "actions_left": bk.int_symbols(actions_left),
             }
@@ -146,17 +146,23 @@ class Codec(flax.struct.PyTreeNode):
         padded), lengths [...] int32)."""
         return _over_leading(self._observation_row, self._batch_axes(symbols), symbols)
 
-    def first_prompt(self, symbols: Any, actions_left: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def first_prompt(
+        self, symbols: Any, actions_left: jax.Array, turn: jax.Array | int = 1
+    ) -> tuple[jax.Array, jax.Array]:
         """Turn 1's prompt, from the template's start to the assistant header.
 
         symbols [..., R, C] int32 (or {slot: [..., width]}), actions_left [...] int32 ->
-        (ids [..., T], lengths [...]).
+        (ids [..., T], lengths [...]). turn [...] int32: the number the turn text shows (a
+        limited context window opens with a later turn's state in this same message).
         """
+        axes = self._batch_axes(symbols)
+        actions_left = jnp.asarray(actions_left, jnp.int32)
         return _over_leading(
             self._first_row,
-            self._batch_axes(symbols),
+            axes,
             symbols,
-            jnp.asarray(actions_left, jnp.int32),
+            actions_left,
+            jnp.broadcast_to(jnp.asarray(turn, jnp.int32), jnp.shape(actions_left)),
         )
 
     def next_prompt(
