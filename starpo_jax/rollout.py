@@ -115,11 +115,27 @@ def buffer_length(codec: Codec, config: RolloutConfig) -> int:
 
 
 def sample_width(codec: Codec, config: RolloutConfig) -> int:
-    """W of a limited context mode's turn sample: the widest window (the first message and
-    window_turns - 1 earlier turns), the forced prefix and the reply, static."""
+    """W of a limited context mode's turn sample: the widest window (limited_multi_turn: the
+    first message and window_turns - 1 earlier turns; single_turn: its one message), the forced
+    prefix and the reply, static."""
     first, later = _prompt_widths(codec)
     per_turn = len(codec.forced_prefix_ids) + config.reply_tokens
+    if config.context_window_mode == "single_turn":
+        return _single_turn_width(codec, config) + per_turn
     return first + (config.window_turns - 1) * (per_turn + later) + per_turn
+
+
+def _single_turn_width(codec: Codec, config: RolloutConfig) -> int:
+    turns = config.max_turns
+    rows = lambda x: jnp.zeros((1, turns) + jnp.shape(x), jnp.int32)  # noqa: E731
+    symbols = jax.tree.map(rows, codec.blank_symbols())
+    zeros = jnp.zeros((1, turns), jnp.int32)
+    shape = jax.eval_shape(
+        lambda: codec.single_turn_prompt(symbols, zeros, zeros.astype(jnp.float32),
+                                         jnp.zeros((1, turns, config.reply_tokens), jnp.int32),
+                                         zeros, jnp.int32(0), jnp.int32(0),
+                                         config.window_turns - 1))
+    return shape[0].shape[-1]
 
 
 def turn_samples(out: Rollout) -> Rollout:
@@ -294,9 +310,10 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     b = p * n
     length = buffer_length(codec, config)
     windowed = config.turn_samples
-    if config.context_window_mode == "single_turn":
-        raise ValueError("rollout.context_window_mode = 'single_turn' is not available for JAX "
-                         "envs yet; valid here: 'full', 'limited_multi_turn'")
+    single = config.context_window_mode == "single_turn"
+    if single and codec.single_turn is None:
+        raise ValueError("rollout.context_window_mode = 'single_turn' needs a codec built with "
+                         "build_codec(..., single_turn=True)")
     width = sample_width(codec, config) if windowed else length  # of the returned rows' turns
     window = width - len(codec.forced_prefix_ids) - config.reply_tokens
     prefix = jnp.asarray(codec.forced_prefix_ids, jnp.int32)
@@ -322,21 +339,33 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     states = group_states(states, n, shared_randomness=config.shared_env_randomness)
 
     def context(win, k, states, taken, filled, buf):
-        """A limited mode's turn k: its window [B, window] int32 and length [B] (the first
-        message with the state turn h starts from, then the conversation from reply h on), and
-        a fresh KV cache holding it; `win` carries each turn's first message and reply start."""
-        ids, count = codec.first_prompt(jax.vmap(env.render_symbols)(states),
-                                        config.max_actions_per_traj - taken, k + 1)
-        win = dict(win, firsts=win["firsts"].at[:, k].set(ids), counts=win["counts"].at[:, k]
-                   .set(count), starts=win["starts"].at[:, k].set(filled))
+        """A limited mode's turn k: its window [B, window] int32 and length [B], and a fresh KV
+        cache holding it. limited_multi_turn: the first message with the state turn h starts
+        from, then the conversation from reply h on (`win` carries each turn's first message
+        and reply start); single_turn: its one message (`win` carries each turn's observation,
+        budget, reply and reward)."""
         h = jnp.maximum(k - config.window_turns + 1, 0)
-        head, head_n, start = win["firsts"][:, h], win["counts"][:, h], win["starts"][:, h]
-        tail = jnp.take_along_axis(buf, jnp.minimum(start[:, None] + jnp.arange(window),
-                                                    length - 1), axis=1)
-        ids = _write(jnp.full((b, window), pad_id, jnp.int32), jnp.zeros_like(head_n), head,
-                     head_n)
-        ids = _write(ids, head_n, tail, filled - start)
-        count = head_n + filled - start
+        left = config.max_actions_per_traj - taken
+        symbols = jax.vmap(env.render_symbols)(states)
+        if single:
+            win = dict(win, left=win["left"].at[:, k].set(left), symbols=jax.tree.map(
+                lambda all_, now: all_.at[:, k].set(now), win["symbols"], symbols))
+            ids, count = codec.single_turn_prompt(win["symbols"], win["left"], win["rewards"],
+                                                  win["replies"], win["reply_n"], k, h,
+                                                  config.window_turns - 1)
+        else:
+            ids, count = codec.first_prompt(symbols, left, k + 1)
+            win = dict(win, firsts=win["firsts"].at[:, k].set(ids),
+                       counts=win["counts"].at[:, k].set(count),
+                       starts=win["starts"].at[:, k].set(filled))
+            head, head_n, start = win["firsts"][:, h], win["counts"][:, h], win["starts"][:, h]
+            tail = jnp.take_along_axis(buf, jnp.minimum(start[:, None] + jnp.arange(window),
+                                                        length - 1), axis=1)
+            ids = _write(jnp.full((b, window), pad_id, jnp.int32), jnp.zeros_like(head_n),
+                         head, head_n)
+            ids = _write(ids, head_n, tail, filled - start)
+            count = head_n + filled - start
+        ids = jnp.pad(ids, ((0, 0), (0, window - ids.shape[1])), constant_values=pad_id)
         cache = None
         if model is not None:
             cache = _prefill(model, ids, count, KVCache.init(model.config, b, width,
@@ -369,6 +398,12 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                              jnp.where(active, f, 0))
             out_at = row + window_n + f
             win = dict(win, tokens=_write(samples, out_at, gen.tokens, kept))
+            if single:  # the reply as later prompts show it: its text, without a closing EOS
+                last = jnp.take_along_axis(gen.tokens, jnp.maximum(gen.lengths - 1, 0)[:, None],
+                                           1)[:, 0]
+                shown = gen.lengths - ((gen.lengths > 0) & (last == eos_id))
+                win = dict(win, replies=win["replies"].at[:, k].set(gen.tokens),
+                           reply_n=win["reply_n"].at[:, k].set(shown))
         mask = _write(mask, out_at, jnp.ones_like(gen.tokens, bool), kept)
         tids = _write(tids, out_at, jnp.full_like(gen.tokens, k), kept)
         blogp = _write(blogp, out_at, gen.logprobs, kept)
@@ -391,6 +426,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         if windowed:
             outputs.update(window=jnp.where(active, window_n, 0),
                            sample=jnp.where(active, window_n + f + kept, 0))
+        if single:
+            win = dict(win, rewards=win["rewards"].at[:, k].set(reward))
         going = active & ~ended & (taken < config.max_actions_per_traj)
 
         def next_message(args):
@@ -421,9 +458,19 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     win = None
     if windowed:
         first_width = first_ids.shape[1]
-        win = dict(tokens=jnp.full((b, out_width), pad_id, jnp.int32),
-                   firsts=jnp.full((b, turns, first_width), pad_id, jnp.int32),
-                   counts=jnp.zeros((b, turns), jnp.int32), starts=jnp.zeros((b, turns), jnp.int32))
+        symbols_now = jax.vmap(env.render_symbols)(states)
+        win = dict(tokens=jnp.full((b, out_width), pad_id, jnp.int32))
+        if single:
+            win.update(symbols=jax.tree.map(lambda x: jnp.zeros((b, turns) + x.shape[1:], x.dtype),
+                                            symbols_now),
+                       left=jnp.zeros((b, turns), jnp.int32),
+                       rewards=jnp.zeros((b, turns), jnp.float32),
+                       replies=jnp.full((b, turns, config.reply_tokens), pad_id, jnp.int32),
+                       reply_n=jnp.zeros((b, turns), jnp.int32))
+        else:
+            win.update(firsts=jnp.full((b, turns, first_width), pad_id, jnp.int32),
+                       counts=jnp.zeros((b, turns), jnp.int32),
+                       starts=jnp.zeros((b, turns), jnp.int32))
     init = (cache, buf, jnp.zeros((b, out_width), bool), jnp.full((b, out_width), -1, jnp.int32),
             zeros_f, zeros_f, first_n, states, jnp.ones((b,), bool), zeros_i,
             jnp.zeros((b,), bool), zeros_i,

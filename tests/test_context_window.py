@@ -29,6 +29,8 @@ from flax import nnx  # noqa: E402
 import envs_jax  # noqa: E402
 from envs_host.jax_adapter import JaxTextEnvHost  # noqa: E402
 from envs_host.pool import EnvPool  # noqa: E402
+from starpo_jax.demonstrations import build_reply_encoder, demonstrate  # noqa: E402
+from starpo_jax.policies import make_policy  # noqa: E402
 from starpo_jax.config import (CollapseConfig, FilterConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
 from starpo_jax.host_rollout import host_rollout, host_sample_width  # noqa: E402
@@ -52,11 +54,12 @@ def tiny():
 
 
 @functools.cache
-def _setup(env_name: str, mode: str, template: tuple = ()):
+def _setup(env_name: str, mode: str, template: tuple = (), single_turn: bool = False):
     model, tok = tiny()
     env = envs_jax.make(env_name)
     codec = build_codec(tok, env, mode=mode, max_tokens=REPLY_TOKENS, max_actions_per_turn=3,
-                        max_actions_per_traj=5, verify=20, **{**SHORT_TEMPLATE, **dict(template)})
+                        max_actions_per_traj=5, verify=20, single_turn=single_turn,
+                        **{**SHORT_TEMPLATE, **dict(template)})
     return model, tok, env, codec
 
 
@@ -89,7 +92,8 @@ def limited_messages(template, intro, states, rewards, left, t, k):
     return messages
 
 
-def single_turn_messages(template, intro, states, replies, rewards, left, t, k):
+def single_turn_messages(template, intro, states, replies, rewards, left, t, k,
+                         max_tokens=REPLY_TOKENS):
     """The original's _build_single_turn_samples (SimpleMemory's user content, nothink) for
     turn t; replies[j]: the text of reply j."""
     h = 0 if k < 0 else max(0, t - k + 1)
@@ -107,7 +111,7 @@ def single_turn_messages(template, intro, states, replies, rewards, left, t, k):
     content += f"{chr(10) if content else ''}{current}(Turn {t + 1}):\n"
     content += (f"State:\n{states[t]}\nYou have {left[t]} actions left. Always output: "
                 "<answer> [your answer] </answer> with no extra text. Strictly follow this "
-                f"format. Max response length: {REPLY_TOKENS} words (tokens).\n")
+                f"format. Max response length: {max_tokens} words (tokens).\n")
     return [{"role": "system", "content": template.system},
             {"role": "user", "content": intro + content},
             {"role": "assistant", "content": f"\x02R{t}\x02"}]
@@ -137,7 +141,7 @@ FORCED = (("forced_prefix", "<answer>Up || Left || Jump</answer>"),)
 
 @functools.cache
 def _rollout(window: str, k: int):
-    model, tok, env, codec = _setup("sokoban", "nothink", FORCED)
+    model, tok, env, codec = _setup("sokoban", "nothink", FORCED, window == "single_turn")
     config = _config(window, k)
     graphdef, params = nnx.split(model)
     key = jax.random.PRNGKey(5)
@@ -250,12 +254,56 @@ def test_turn_samples_are_turn_major_rows_of_their_trajectory():
     assert samples.turn_lengths is None and samples.window_lengths is None
 
 
-def test_single_turn_is_refused_for_jax_envs_in_one_line():
-    model, tok, env, codec = _setup("sokoban", "nothink", FORCED)
-    with pytest.raises(ValueError, match="context_window_mode = 'single_turn' is not available"):
-        rollout(None, None, env, codec, _config("single_turn", 2), jax.random.PRNGKey(0),
-                eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                replies=lambda s, t, k: (jnp.zeros((4, 1), jnp.int32), jnp.ones((4,), jnp.int32)))
+@functools.cache
+def _single_turn_demo(k: int):
+    """Demonstrations (the tokenizer's own reply tokens) on sokoban in single_turn mode, with
+    the default (the original's) prompt text."""
+    _, tok = tiny()
+    env = envs_jax.make("sokoban")
+    config = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=32,
+                           announced_tokens=32, mode="nothink", max_actions_per_turn=5,
+                           max_actions_per_traj=10, context_window_mode="single_turn",
+                           max_context_window=k)
+    codec = build_codec(tok, env, mode="nothink", max_tokens=32, verify=20, single_turn=True)
+    encoder = build_reply_encoder(tok, env, codec, max_actions_per_turn=5)
+    policy = make_policy("random", env, max_actions_per_turn=5, max_turns=3,
+                         max_actions_per_traj=10)
+    out = jax.jit(lambda key: demonstrate(env, codec, config, policy, encoder, key,
+                                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id))(
+        jax.random.PRNGKey(0))
+    return jax.device_get(out), config, tok, env, codec
+
+
+@pytest.mark.parametrize("k", [2, -1])
+def test_jax_single_turn_prompts_are_the_originals_messages(k):
+    """Each turn's window is the tokenizer's encoding of apply_chat_template of the original's
+    single_turn messages (the earlier replies as their decoded text), whole: not spliced."""
+    out, config, tok, env, codec = _single_turn_demo(k)
+    width = sample_width(codec, config)
+    intro = env_intro(codec.template, env, max_actions_per_turn=5, max_actions_per_traj=10)
+    prefix = list(codec.forced_prefix_ids)
+    eos = tok.eos_token_id
+    assert out.turn_taken[:, 1].any()  # some prompt shows history
+    for b, state in enumerate(_start_states(env, config, jax.random.PRNGKey(0))):
+        replies = _replies(out, width, b)
+        assert all(r[-1] == eos for r in replies)  # the template's end of turn: in the loss
+        states, rewards, _, left, _ = replay_turns(tok, env, codec, config, state,
+                                                   [r[:-1] for r in replies])
+        texts = [tok.decode(prefix + r, skip_special_tokens=True) for r in replies]
+        for t in range(len(replies)):
+            messages = single_turn_messages(codec.template, intro, states, texts, rewards, left,
+                                            t, k, max_tokens=32)
+            window = tok.encode(tok.apply_chat_template(messages[:2], tokenize=False,
+                                                        add_generation_prompt=True),
+                                add_special_tokens=False)
+            cols = slice(t * width, (t + 1) * width)
+            n = int(out.turn_lengths[b, t])
+            assert out.tokens[b, cols][:n].tolist() == window + prefix + replies[t], (b, t)
+            assert out.window_lengths[b, t] == len(window)
+            mask = out.loss_mask[b, cols]
+            assert mask.sum() == len(replies[t]) and mask[len(window) + len(prefix):n].all()
+        if len(replies) == 3 and k == -1:  # the last turn shows both earlier ones
+            assert "Showing the last 2 turn(s)" in tok.decode(out.tokens[b, 2 * width:])
 
 
 # ---- the host rollout ----
@@ -391,6 +439,12 @@ def _train_config(rollout_config: RolloutConfig) -> TrainConfig:
 def test_limited_multi_turn_train_step():
     out, config = _rollout("limited_multi_turn", 2)
     _check_train_step(_train_config(config), out, _setup("sokoban", "nothink", FORCED)[3])
+
+
+def test_single_turn_train_step():
+    out, config = _rollout("single_turn", 2)
+    _check_train_step(_train_config(config), out,
+                      _setup("sokoban", "nothink", FORCED, True)[3])
 
 
 def test_single_turn_train_step_on_a_host_rollout():
