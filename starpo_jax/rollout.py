@@ -23,8 +23,10 @@ reply tokens supplied instead of sampled, and no model.
 rollout.context_window_mode = "limited_multi_turn" (RAGEN's context manager) shows the model at
 turn t only the last k = max_context_window turns: the first message as turn 1's (system,
 instructions) but with turn h = max(1, t - k + 1)'s number, budget and state, then the
-conversation from reply h on. Each turn then prefills its window into a fresh KV cache (the
-conversation is still built in a buffer, from which the windows are cut), and the Rollout holds
+conversation from reply h on; "single_turn" shows one user message, the earlier turns h..t-1
+as the original's memory text (text/single_turn.py: their states, replies and rewards), then
+the current turn. Each turn then prefills its window into a fresh KV cache (the conversation is
+still built in a buffer, from which limited_multi_turn cuts its windows), and the Rollout holds
 one sample per turn instead of the conversation: turn t's window, forced prefix and reply at
 columns t * W .. (t + 1) * W of tokens [B, T * W] (`sample_width`), `turn_lengths` and
 `window_lengths` [B, T]. `turn_samples` makes them rows of their own for the update.

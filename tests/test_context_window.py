@@ -13,7 +13,6 @@ tests/test_rollout.py does: sampled replies are not the tokenizer's encoding of 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 
@@ -30,14 +29,14 @@ import envs_jax  # noqa: E402
 from envs_host.jax_adapter import JaxTextEnvHost  # noqa: E402
 from envs_host.pool import EnvPool  # noqa: E402
 from starpo_jax import api  # noqa: E402
-from starpo_jax.demonstrations import build_reply_encoder, demonstrate  # noqa: E402
-from starpo_jax.evaluation import REPLY_OPEN, format_conversation  # noqa: E402
-from starpo_jax.policies import make_policy  # noqa: E402
 from starpo_jax.config import (CollapseConfig, FilterConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
+from starpo_jax.demonstrations import build_reply_encoder, demonstrate  # noqa: E402
+from starpo_jax.evaluation import REPLY_OPEN, format_conversation  # noqa: E402
 from starpo_jax.host_rollout import host_rollout, host_sample_width  # noqa: E402
 from starpo_jax.host_text import build_host_text  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
+from starpo_jax.policies import make_policy  # noqa: E402
 from starpo_jax.rollout import group_states, rollout, sample_width, turn_samples  # noqa: E402
 from starpo_jax.text import build_codec, env_intro, format_reward  # noqa: E402
 from starpo_jax.train import init_train_state, make_train_fns  # noqa: E402
@@ -312,8 +311,9 @@ def test_jax_single_turn_prompts_are_the_originals_messages(k):
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_host_limited_multi_turn_equals_the_compiled_one(k):
-    want, got, stats = _both("sokoban", _config("limited_multi_turn", k, shared_env_randomness=True),
-                             jax.random.PRNGKey(5), forced_prefix=dict(FORCED)["forced_prefix"])
+    config = _config("limited_multi_turn", k, shared_env_randomness=True)
+    want, got, stats = _both("sokoban", config, jax.random.PRNGKey(5),
+                             forced_prefix=dict(FORCED)["forced_prefix"])
     assert stats["host/truncated_observations"] == 0
     assert want.turn_lengths is not None
     for name, value in vars(want).items():

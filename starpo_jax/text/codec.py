@@ -228,8 +228,8 @@ def build_codec(
     (not the generation budget). None takes the env's `settings` (max_tokens: its
     announced_tokens). single_turn: also build the single_turn context mode's prompt blocks
     (rollout.context_window_mode). template_overrides replace fields of
-    `default_template(mode)` (e.g. system=..., turn=...). Raises ValueError, naming the symbol or slot, if a rendering cannot be
-    made exact.
+    `default_template(mode)` (e.g. system=..., turn=...). Raises ValueError, naming the symbol
+    or slot, if a rendering cannot be made exact.
     """
     if mode not in (THINK, NO_THINK):
         raise ValueError(f"unknown mode {mode!r}; valid: {THINK!r}, {NO_THINK!r}")
@@ -304,7 +304,6 @@ def build_codec(
         single = build_single_turn(tokenizer, template, chat, intro, state,
                                    template.forced_prefix, max_tokens, _split, verify)
     return Codec(
-        single_turn=single,
         observation=observation,
         first=first,
         later=later,
@@ -315,6 +314,7 @@ def build_codec(
         grid_shape=(rows, cols),
         newline_id=newline,
         slot_widths=tuple((s.name, s.width) for s in env.slots) if free else None,
+        single_turn=single,
     )
 
 
