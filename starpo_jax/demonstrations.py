@@ -15,6 +15,10 @@ Sudoku) have no action names: their policies return the answer's text as symbol 
 (policies.answer_symbols), and `AnswerEncoder` tokenises it in JAX with the text layer's
 byte-level BPE of a block (starpo_jax.text.blocks), checked the same way.
 
+Host envs (envs_host): `host_demonstrate` plays a policy of the observation text,
+`(observation, rng) -> answer items`, through host_rollout.host_rollout (`replies=`), the
+reply text tokenised whole on the host; its transcripts are written the same way.
+
 When the chat template ends an assistant turn with the EOS token, the reply ends with it too (it
 is in the loss mask: the model learns to end its turn; the next message then skips its own copy,
 as after a sampled EOS).
@@ -24,14 +28,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs_host.pool import EnvPool
 from starpo_jax.config import RolloutConfig
+from starpo_jax.host_rollout import host_rollout
+from starpo_jax.host_text import HostText
 from starpo_jax.policies import Policy, answer_bytes, answer_samples, answer_symbols
 from starpo_jax.rollout import Rollout, rollout
 from starpo_jax.text.blocks import Block, Slot, build_block, concat_pieces
@@ -95,7 +102,7 @@ def _table(rows: list[list[int]]) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray(ids), jnp.asarray([len(r) for r in rows], jnp.int32)
 
 
-def reply_text(codec: Codec, names: Iterable[str]) -> str:
+def reply_text(codec: Codec | HostText, names: Iterable[str]) -> str:
     """The whole assistant text of a demonstration reply naming `names` (answer items; the
     forced prefix included, the end-of-turn token not)."""
     t = codec.template
@@ -179,6 +186,46 @@ def demonstrate(env: Any, codec: Codec, config: RolloutConfig, policy: Policy,
                    reset_key=reset_key, replies=replies)
 
 
+#: A host env's demonstration policy: (observation text, rng) -> the turn's answer items
+#: (action names, or free-text items; a str is one item).
+HostPolicy = Callable[[str, np.random.Generator], Sequence[str] | str]
+
+
+def host_demonstrate(pool: EnvPool, text: HostText, config: RolloutConfig, policy: HostPolicy,
+                     key: jax.Array, *, eos_id: int, pad_id: int, seeds: Any = None,
+                     ) -> tuple[Rollout, dict[str, float]]:
+    """B = groups * group_size demonstrations of a host env: `host_rollout` (same pool, text,
+    key and seeds semantics) with each row's replies from `policy(observation, rng)` (rng
+    seeded from the turn's key; rows in order), each reply's text (`reply_text`) tokenised
+    whole, the EOS appended where it ends the template's turns. Raises ValueError for a reply
+    whose tokens do not begin with the forced prefix's (the tokenizer merges the two)."""
+    prefix = list(text.forced_prefix_ids)
+    end = text.encode(text.chat["assistant_to_user"])
+    eos = [eos_id] if end[:1] == [eos_id] else []
+
+    def replies(observations: list[str | None], turn: int, turn_key: jax.Array):
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(turn_key)).tolist())
+        rows = []
+        for observation in observations:
+            if observation is None:  # the row has stopped
+                rows.append([])
+                continue
+            items = policy(observation, rng)
+            reply = reply_text(text, [items] if isinstance(items, str) else items)
+            ids = text.encode(reply)
+            if ids[: len(prefix)] != prefix:
+                raise ValueError(f"demonstration reply {reply!r} does not begin with the "
+                                 "forced prefix's tokens; this tokenizer merges them")
+            rows.append(ids[len(prefix):] + eos)
+        tokens = np.full((len(rows), max(map(len, rows))), pad_id, np.int32)
+        for row, ids in enumerate(rows):
+            tokens[row, : len(ids)] = ids
+        return tokens, np.array([len(r) for r in rows], np.int32)
+
+    return host_rollout(None, None, pool, text, config, key, eos_id=eos_id, pad_id=pad_id,
+                        seeds=seeds, replies=replies)
+
+
 # ---------------------------------------------------------------- JSONL chat transcripts
 
 
@@ -196,8 +243,10 @@ def _strip(text: str, head: str, tail: str, what: str) -> str:
     return text[len(head): len(text) - len(tail)]
 
 
-def transcripts(out: Rollout, tokenizer: Any, codec: Codec) -> list[dict[str, list]]:
-    """The rows of a rollout (sampled or demonstrated) as chat transcripts,
+def transcripts(out: Rollout, tokenizer: Any, codec: Codec | HostText,
+                ) -> list[dict[str, list]]:
+    """The rows of a rollout (sampled or demonstrated; a host rollout's with its HostText) as
+    chat transcripts,
     [{"messages": [{"role": ..., "content": ...}, ...]}], the assistant contents with their
     forced prefix; re-tokenising one with the chat template gives the row's tokens back."""
     host = jax.device_get(out)
