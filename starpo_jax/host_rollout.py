@@ -22,6 +22,10 @@ Seeds: `seeds` [P] if given, else drawn from the key's reset half (a run's numbe
 only on its key). A row whose env call fails (raised or timed out; see envs_host.pool) ends
 there with all its env rewards 0 and no success; `stats` counts such rows and the
 observations cut to fit their width.
+
+A demonstration (`replies=`, starpo_jax.demonstrations.host_demonstrate) is this same loop
+with each turn's reply tokens supplied, from the rows' current observation texts, instead of
+sampled, and no model.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +45,7 @@ from envs_host.pool import EnvPool
 from starpo_jax.config import RolloutConfig
 from starpo_jax.host_text import HostText
 from starpo_jax.models.cache import KVCache
-from starpo_jax.rollout import Rollout, _prefill, _repeat_cache
+from starpo_jax.rollout import Rollout, _prefill, _repeat_cache, _supplied
 from starpo_jax.sampling import SamplingOptions, generate_pure
 from starpo_jax.text.parse import stop_strings
 
@@ -120,12 +124,18 @@ def _anchor_ids(texts: np.ndarray, n: int) -> np.ndarray:
 
 def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text: HostText,
                  config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
-                 seeds: Any = None, greedy: bool = False) -> tuple[Rollout, dict[str, float]]:
+                 seeds: Any = None, greedy: bool = False,
+                 replies: Callable[[list[str | None], int, jax.Array], tuple[Any, Any]] | None
+                 = None) -> tuple[Rollout, dict[str, float]]:
     """B = groups * group_size trajectories of `pool`'s env (see the module docstring).
 
     graphdef, params = nnx.split(policy); pool: config.batch_size rows; text: built for this
     env, tokenizer and config; key: split into the reset and sampling keys as `rollout` does.
     greedy: argmax replies (evaluation); the temperature then only scales the log-probs.
+    replies: a demonstration: each turn's reply tokens come from replies(observations, turn,
+    key) -> (tokens [B, W] int32 after the forced prefix, lengths [B]), the observations the
+    rows' current texts (None for rows that stopped), instead of the sampler (graphdef and
+    params may then be None).
     Returns (Rollout with arrays [B, L] / [B, T] / [B], host stats as floats).
     """
     p, n, turns = config.groups, config.group_size, config.max_turns
@@ -210,8 +220,16 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
             rows[row] = ids
         return _padded(rows, text.window_width)
 
+    def supplied(turn: int):  # a demonstration's replies for the rows still going
+        texts = [c if a else None for c, a in zip(current, active)]
+        return _supplied(replies, texts, turn, jax.random.fold_in(sample_key, turn),
+                         config.reply_tokens, pad_id)
+
     if windowed:
         window_ids, window_n = windows(0)
+    if replies is not None:
+        gen = supplied(0)
+    elif windowed:
         gen = _first_turn(graphdef, params, jnp.asarray(window_ids), jnp.asarray(window_n),
                           prefix_arr, jax.random.fold_in(sample_key, 0), token_bytes,
                           options=options, group_size=1, length=width,
@@ -291,13 +309,15 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
         turn_key = jax.random.fold_in(sample_key, k + 1)
         if windowed:
             window_ids, window_n = windows(k + 1)
-            gen = _first_turn(graphdef, params, jnp.asarray(window_ids), jnp.asarray(window_n),
-                              prefix_arr, turn_key, token_bytes, options=options, group_size=1,
-                              length=width, cache_dtype=config.cache_dtype)
+            gen = supplied(k + 1) if replies is not None else _first_turn(
+                graphdef, params, jnp.asarray(window_ids), jnp.asarray(window_n), prefix_arr,
+                turn_key, token_bytes, options=options, group_size=1, length=width,
+                cache_dtype=config.cache_dtype)
             continue
         ids, counts = _padded(messages, text.later_width)
-        gen = _later_turn(graphdef, params, gen.cache, jnp.asarray(ids), jnp.asarray(counts),
-                          prefix_arr, turn_key, token_bytes, options=options)
+        gen = supplied(k + 1) if replies is not None else _later_turn(
+            graphdef, params, gen.cache, jnp.asarray(ids), jnp.asarray(counts), prefix_arr,
+            turn_key, token_bytes, options=options)
 
     for failure in pool.failures:
         log.warning("%s", failure)
