@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,14 +23,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from starpo_jax import report  # noqa: E402
+from starpo_jax import report, reproduce, suites  # noqa: E402
 from starpo_jax.failures import FAILURE_KINDS  # noqa: E402
+from helpers.tiny import tiny_config, tiny_experiment, tiny_suite  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import reproduce  # noqa: E402
-import suites  # noqa: E402
-from test_api import tiny_config, tiny_experiment  # noqa: E402
 
 
 def _rows(**curves) -> list[dict]:
@@ -258,8 +254,8 @@ def test_only_trains_the_named_experiments_and_refuses_unknown_names(tmp_path):
         ("bandit_std_rev", (0, 1))]
     with pytest.raises(ValueError, match="'echo'.*valid: echo_trap, multi_turn, "
                        "echo_trap_sokoban, filter_ablation, gigpo"):
-        reproduce.main(["--suite", "cpu", "--workdir", str(tmp_path), "--only", "echo"],
-                       stream=io.StringIO())
+        reproduce.reproduce(suites.cpu_suite(), "cpu", tmp_path, only=["echo"],
+                            stream=io.StringIO())
     assert not any(tmp_path.iterdir()), "nothing is trained or written"
 
 
@@ -285,12 +281,12 @@ def _shared_build(config):
     return reproduce.for_seed(tiny_experiment(), config)
 
 
-def _suite(workdir: Path, *flags: str) -> str:
+def _suite(workdir: Path, **options: bool) -> str:
     out = io.StringIO()
     tiny_experiment()  # built before api.build is patched (it calls it)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reproduce.api, "build", _shared_build)
-        reproduce.main(["--suite", "tiny", "--workdir", str(workdir), *flags], stream=out)
+        reproduce.reproduce(tiny_suite(), "tiny", workdir, stream=out, **options)
     return out.getvalue()
 
 
@@ -301,7 +297,7 @@ def _metrics(path: Path) -> list[dict]:
 
 @pytest.mark.slow  # the suite's own run loop end to end: the slow tier (README)
 def test_tiny_suite_runs_reports_skips_and_resumes(tmp_path):
-    first = _suite(tmp_path, "--keep-checkpoints")
+    first = _suite(tmp_path, keep_checkpoints=True)
     runs = [tmp_path / "runs" / "tiny_starpo_s" / f"seed_{s}" for s in (0, 1)]
     assert "[run 2/2] tiny_starpo_s seed 1: done in" in first
     for path in runs:
@@ -320,7 +316,7 @@ def test_tiny_suite_runs_reports_skips_and_resumes(tmp_path):
     again = _suite(tmp_path)  # nothing left to train: nothing is built
     assert "seed 0: finished earlier, skipped" in again and "seed 1: finished earlier" in again
     assert (tmp_path / "results.csv").read_text() == report.results_csv(
-        reproduce.results(suites.tiny_suite(), tmp_path))
+        reproduce.results(tiny_suite(), tmp_path))
 
     # Seed 1 cut short after step 1: the next invocation resumes it from that checkpoint and
     # gets the numbers of the run never stopped.
