@@ -8,9 +8,9 @@
 A bare config name resolves to experiments/configs/; keys and switches are documented in
 starpo_jax.api.default_config. The flags and the config are checked before JAX and the envs are
 imported (run_config.check_config): a bad key or value is its one line in a fraction of a
-second. Then starpo_jax.runner.run trains it (its docstring: the workdir's files, --resume,
-SIGINT / SIGTERM, the memory check and the faults, each one line on stderr and exit 1). A host
-env (envs_host, named like any env; a user's own module of envs by
+second. Then starpo_jax.runner.run trains it (starpo_jax.runner's docstring: the workdir's
+files, --resume, SIGINT / SIGTERM, the memory check and the faults, each one line on stderr and
+exit 1). A host env (envs_host, named like any env; a user's own module of envs by
 `--config.env.module=mypkg.envs`) trains through starpo_jax.host_train. Multi-process
 (multi-host) runs start with starpo_jax.distributed.maybe_initialize (the
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables, or SLURM / Open MPI).

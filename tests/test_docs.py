@@ -83,6 +83,12 @@ def test_the_docs_pages_are_linked_from_the_readme_or_another_page():
     assert {p for p in PAGES if p != README} <= linked
 
 
+def test_the_readme_stays_short():
+    """The README is for users (what it is, install, the quickstart, links); the rest is in
+    docs/."""
+    assert len(README.read_text().splitlines()) <= 200
+
+
 def test_install_commands_name_what_exists():
     """The install blocks are not run (they download); what they name is checked instead: the
     extras exist in pyproject.toml, jax is a dependency, and the embedded model's wheel is
