@@ -24,6 +24,7 @@ from starpo_jax import api, cli
 from starpo_jax.cli import CONFIG_DIR
 from starpo_jax import sweep as lib
 from starpo_jax.logging import format_duration
+from starpo_jax.workdir import flat_keys, write_atomically
 
 PLOT_METRICS = ("rollout/reward_mean", "rollout/reward_std", "actor/entropy", "actor/grad_norm",
                 "train/success")
@@ -149,7 +150,9 @@ def load_run(path: Path, config: dict) -> list[lib.Metrics] | None:
     if not path.exists():
         return None
     saved = json.loads(path.read_text())
-    before, now = _flat(saved["config"]), _flat(config)
+    # Compared as JSON text: a tuple in memory is the list it was saved as.
+    before, now = ({key: json.dumps(value) for key, value in flat_keys(tree).items()}
+                   for tree in (saved["config"], config))
     changed = sorted(key for key in before.keys() | now.keys()
                      if key not in OUTPUT_ONLY and before.get(key) != now.get(key))
     if changed:
@@ -158,33 +161,16 @@ def load_run(path: Path, config: dict) -> list[lib.Metrics] | None:
     return saved["metrics"]
 
 
-def _flat(tree: dict, prefix: str = "") -> dict[str, str]:
-    """{'loss': {'kl_coef': 0.0}} -> {'loss.kl_coef': '0.0'} (values as JSON text)."""
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = json.dumps(value)
-    return out
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Written whole or not at all: a sweep killed mid-write leaves no half file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _saver(workdir: Path, base: config_dict.ConfigDict, setting: dict[str, Any],
            done: dict[int, list[lib.Metrics]]) -> Callable[[int, list[lib.Metrics]], None]:
     """save(seed, metrics): the finished run's file (with its config), and into `done`."""
 
     def save(seed: int, metrics: list[lib.Metrics]) -> None:
         config = lib.setting_config(base, setting, seed).to_dict()
-        _write_atomic(_run_path(workdir, setting, seed),
-                      json.dumps({"config": config, "metrics": metrics}) + "\n")
+        path = _run_path(workdir, setting, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole or not at all: a sweep killed mid-write leaves no half file behind.
+        write_atomically(path, json.dumps({"config": config, "metrics": metrics}) + "\n")
         done[seed] = metrics
 
     return save
@@ -261,11 +247,12 @@ def sweep(base: config_dict.ConfigDict, grid_specs: Sequence[str], seeds: Sequen
         run_setting(exp, left, vmap=vmap, progress=progress, stream=stream,
                     save=_saver(workdir, base, setting, done))
     runs = [lib.Run(setting, done) for (setting, _), done in zip(settings, finished)]
-    _write_atomic(workdir / RESULTS_FILE, lib.results_csv([k for k, _ in grid], runs, seeds))
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_atomically(workdir / RESULTS_FILE, lib.results_csv([k for k, _ in grid], runs, seeds))
     write_plots(runs, seeds, workdir / "plots")
     steps = min(final_steps, min(c.steps for _, c in settings))
     table = lib.summary_table(runs, seeds, PLOT_METRICS, steps)
-    _write_atomic(workdir / SUMMARY_FILE, table)
+    write_atomically(workdir / SUMMARY_FILE, table)
     print(f"\nfinal {steps} steps, mean ± std over seeds {','.join(map(str, seeds))}:\n{table}"
           f"wrote {workdir / RESULTS_FILE}, {workdir / 'plots'}", file=stream, flush=True)
     return runs
