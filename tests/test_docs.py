@@ -108,6 +108,21 @@ def test_install_commands_name_what_exists():
     assert WHEEL_REQUIREMENT in README.read_text()
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_block_of_every_page_names_what_exists(page):
+    """The pages' blocks not run here still parse (Python) and name scripts and config files
+    that exist (shell)."""
+    for lang, text in blocks(page):
+        if lang == "python":
+            compile(text, f"{page.name} block", "exec")
+        elif lang == "bash":
+            for command in shell_commands(text):
+                for script in re.findall(r"(?:^|\s)(experiments/\S+\.py)", command):
+                    assert (ROOT / script).is_file(), command
+                for name in re.findall(r"--config[ =](\S+\.py)", command):
+                    assert (ROOT / "experiments" / "configs" / name).is_file(), command
+
+
 def test_the_development_test_commands_are_ci_s():
     ci = (ROOT / ".ci" / "run").read_text()
     page = ROOT / "docs" / "development.md"
