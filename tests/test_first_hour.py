@@ -33,7 +33,7 @@ from helpers.tiny import tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# test_api's tiny config (bandit, GRPO, tiny-random, 2 x 2 rows, a checkpoint every step),
+# helpers.tiny's tiny config (bandit, GRPO, tiny-random, 2 x 2 rows, a checkpoint every step),
 # everything else at run.py's defaults: its memory knobs are chosen and recorded. No phase
 # clock (progress_after=0): a step with host callbacks is never in JAX's compilation cache,
 # and the tiny steps never run long enough to print progress.

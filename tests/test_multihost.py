@@ -22,7 +22,7 @@ from helpers.tiny import tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2
-# The tiny config of test_api (bandit, GRPO, tiny-random, groups=2 x group_size=2), 2 steps.
+# The tiny config of helpers.tiny (bandit, GRPO, tiny-random, groups=2 x group_size=2), 2 steps.
 CONFIG = f"""
 from helpers.tiny import tiny_config  # tests/ is on the run's PYTHONPATH
 

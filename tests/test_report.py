@@ -1,8 +1,8 @@
 """The reproduction report (starpo_jax/report.py) on hand-made run histories, checked against
 values computed here by hand or with numpy: the Echo-Trap half-peak step, mean ± std over seeds,
 the Table-4 before/after table, the CSV round trip, and the figures' lines and bands (inspected
-as matplotlib objects before saving). Then the suite itself (experiments/reproduce.py --suite
-tiny: tiny-random, 1 setting x 2 seeds x 2 steps, one compile: the step of tests/test_api.py's
+as matplotlib objects before saving). Then the suite itself (starpo_jax.reproduce on the tiny
+suite: tiny-random, 1 setting x 2 seeds x 2 steps, one compile: the step of tests/helpers/tiny.py's
 tiny_experiment, which other test files compile too): run directories, the log, the report, a
 re-run that skips finished runs, and an unfinished run resumed from its checkpoint with the same
 numbers."""
@@ -274,7 +274,7 @@ def _without(config, *keys) -> dict:
 
 
 def _shared_build(config):
-    """api.build for the tiny suite: test_api's tiny_experiment (built and compiled once per
+    """api.build for the tiny suite: helpers.tiny's tiny_experiment (built and compiled once per
     process, by whichever test file needs it first), for the config's seed as reproduce.py
     derives it for its second seed. The suite's config must be tiny_config's: same program."""
     assert _without(config, "seed", "steps") == _without(tiny_config(), "seed", "steps")
