@@ -1,5 +1,6 @@
 """The reproduction suites' experiments (issue 15): named settings, seeds, and the plan with its
-time estimate. experiments/reproduce.py runs them and writes the report; a suite here is data.
+time estimate. starpo_jax.reproduce runs them and writes the report; a suite here is data
+(the tests' tiny suites: tests/helpers/tiny.py).
 
 A suite is a fixed list of experiments. Each experiment is a set of seeded runs of named
 settings; a setting shared by two experiments (the StarPO-S run is experiment 3's keep 0.25)
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from pathlib import Path
 from typing import Any, Callable
 
 from ml_collections import config_dict
@@ -19,12 +19,10 @@ from ml_collections import config_dict
 from starpo_jax import api
 from starpo_jax import sft as sft_lib
 from starpo_jax import sweep as sweep_lib
+from starpo_jax.cli import CONFIG_DIR
 from starpo_jax.logging import format_duration
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 ConfigDict = config_dict.ConfigDict
-# The tiny suite's prompt (tests/test_api.py's tiny_config: the same program as the tests').
-SHORT_TURN = "Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens."
 SFT_SEED = 0  # an SFT setting runs once, with this seed; every seed of its RL settings starts there
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +34,8 @@ class Setting:
     `start` copies its start's last evaluation instead: the same weights and held-out states).
     `sft`: an SFT run (starpo_jax.sft; its base has the `sft` section); `start`: the SFT
     setting whose seed-0 run (SFT_SEED) every seed of this one starts from (model.init_from,
-    set by reproduce.py); `final_eval`: eval keys (e.g. envs, modes) of one more evaluation of
+    set by starpo_jax.reproduce); `final_eval`: eval keys (e.g. envs, modes) of one more
+    evaluation of
     the final weights, of the (env, mode) pairs the run's own evaluations did not cover."""
 
     name: str
@@ -174,7 +173,7 @@ def _grid_eval(c: ConfigDict, env: str) -> None:
     c.eval.update(envs=env, modes="greedy", episodes=GRID_EPISODES, pass_k=1, seed=SFT_SEED)
 
 
-def _grid(env: str, algo: str) -> Callable[[], ConfigDict]:
+def grid_base(env: str, algo: str) -> Callable[[], ConfigDict]:
     def base() -> ConfigDict:
         """Multi-turn at CPU scale from the SFT start: 4 x 8 rollouts, NoThink replies of up
         to 24 tokens (the SFT run's), the env's 5 turns / 10 actions, GRID_STEPS steps at
@@ -190,7 +189,7 @@ def _grid(env: str, algo: str) -> Callable[[], ConfigDict]:
     return base
 
 
-def _grid_sft(env: str) -> Callable[[], ConfigDict]:
+def grid_sft_base(env: str) -> Callable[[], ConfigDict]:
     def base() -> ConfigDict:
         """The shipped <env>_sft.py (`random` demonstrations, 8 rows a step, 10 steps at lr
         1e-4, 24-token replies) with the RL runs' rollout knobs and evaluations: its last
@@ -199,7 +198,7 @@ def _grid_sft(env: str) -> Callable[[], ConfigDict]:
         c.rollout.update(GRID_ROLLOUT)
         _grid_eval(c, env)
         c.eval_every = c.steps  # the SFT start only: SFT curves are not the experiment's
-        c.keep_checkpoints = 1  # the newest: the RL runs' start (reproduce.py keeps it)
+        c.keep_checkpoints = 1  # the newest: the RL runs' start (starpo_jax.reproduce keeps it)
         return c
     return base
 
@@ -280,14 +279,14 @@ def _multi_turn_specs(seeds: tuple[int, ...], estimate: dict[str, float | None],
                 "modes": "greedy,sampled"}
 
     starts = {env: Setting(f"{env}_sft", f"SFT start ({env}, random demonstrations)",
-                           _grid_sft(env), {}, estimate["grid_sft"], sft=True,
+                           grid_sft_base(env), {}, estimate["grid_sft"], sft=True,
                            final_eval=full(env))
               for env in ("sokoban", "frozen_lake")}
     own = {"modes": "greedy,sampled"}  # the training env only
 
     def rl(env: str, algo: str, kind: str, label: str, overrides: dict[str, Any],
            final: dict[str, str]) -> Setting:
-        return Setting(f"{env}_{kind}", f"{env} {label}", _grid(env, algo), overrides,
+        return Setting(f"{env}_{kind}", f"{env} {label}", grid_base(env, algo), overrides,
                        estimate[f"grid_{'vanilla' if kind == 'vanilla' else algo}"],
                        eval_before=True, start=starts[env], final_eval=final)
 
@@ -360,47 +359,7 @@ def paper_suite() -> Suite:
     return Suite((echo, multi, ablation))
 
 
-def tiny_suite() -> Suite:
-    """tiny-random, 2 steps, one setting and 2 seeds (one compile): what the tests run. The
-    config is tests/test_api.py's tiny_config with 2 steps, whose step other tests compile."""
-    def base() -> ConfigDict:
-        c = api.config_for("bandit", "grpo", groups=2, group_size=2, max_turns=1, reply_tokens=4)
-        c.model.source = "tiny-random"
-        c.nothink = True
-        c.prompt.update(system="", intro="", turn=SHORT_TURN, verify=20)
-        c.optim.actor_lr = 1e-3
-        c.checkpoint_every = 1
-        c.steps, c.eval_every, c.sample_every = 2, 0, 0
-        return c
-    setting = Setting("tiny_starpo_s", "StarPO-S (tiny-random)", base, {}, step_seconds=0.5)
-    spec = Spec("echo_trap", "Echo Trap (tiny smoke run)", "echo_trap",
-                "A tiny-random smoke run of the suite's machinery.", (setting,), (0, 1))
-    return Suite((spec,), build_seconds=30.0, eval_row_seconds=0.1)
-
-
-# The tiny multi-turn suite's shape, over experiment 2's configs: tiny-random, 2 x 2 rows, 2
-# turns, 4 held-out states, 2 steps evaluated after each.
-TINY_GRID = {"model.source": "tiny-random", "rollout.groups": 2, "rollout.group_size": 2,
-             "rollout.max_turns": 2, "steps": 2, "eval_every": 1, "sample_every": 0,
-             "eval.episodes": 4, "checkpoint_every": 1, "check_memory": False,
-             "prompt.system": "", "prompt.intro": "", "prompt.turn": SHORT_TURN,
-             "prompt.verify": 20}
-
-
-def tiny_multi_turn_suite() -> Suite:
-    """Experiment 2's machinery at tiny-random scale, what the tests run: Sokoban's SFT start
-    (seed 0) and StarPO-S GRPO from it with seeds 0 and 1, evaluated on Sokoban only."""
-    sft = Setting("sokoban_sft", "SFT start (sokoban)", _grid_sft("sokoban"), {}, 0.5,
-                  sft=True, final_eval={"modes": "greedy,sampled"})
-    grpo = Setting("sokoban_grpo_s", "sokoban StarPO-S GRPO", _grid("sokoban", "grpo"), {}, 0.5,
-                   eval_before=True, start=sft, final_eval={"modes": "greedy,sampled"})
-    spec = Spec("multi_turn", "Multi-turn from an SFT start (tiny)", "table4",
-                "A tiny-random run of experiment 2's machinery.", (grpo,), (0, 1))
-    return Suite((spec,), build_seconds=30.0, eval_row_seconds=0.1).with_overrides(TINY_GRID)
-
-
-SUITES = {"cpu": cpu_suite, "paper": paper_suite, "tiny": tiny_suite,
-          "tiny_multi_turn": tiny_multi_turn_suite}
+SUITES = {"cpu": cpu_suite, "paper": paper_suite}
 
 
 # --- the plan and its estimate ---------------------------------------------------------------
