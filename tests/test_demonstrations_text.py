@@ -123,7 +123,7 @@ def test_free_text_reply_tokens_are_the_tokenizers_own(mode, qwen_style_tok):
     """On answers the encoder was not checked on, forced prefix + reply tokens equal
     tokenizer.encode of the whole reply text and the end of turn, for SmolLM2's tokenizer (the
     tiny model's too) and a Qwen2-style one."""
-    from starpo_jax.text.testing import smollm2_tokenizer
+    from helpers.text_testing import smollm2_tokenizer
 
     head = "<answer>" if mode == "nothink" else (
         "<think>I will take the actions below.</think><answer>")
@@ -142,7 +142,7 @@ def test_free_text_reply_tokens_are_the_tokenizers_own(mode, qwen_style_tok):
 def test_countdown_demonstrations_round_trip():
     """Solver demonstrations in think mode: every row succeeds; the JSONL transcripts' answers
     reach the target in Python; the chat template re-tokenises them to the rollout's rows."""
-    from starpo_jax.text.testing import smollm2_tokenizer
+    from helpers.text_testing import smollm2_tokenizer
 
     tok = smollm2_tokenizer()
     env = envs_jax.make("countdown")
@@ -179,7 +179,7 @@ def test_countdown_search_is_bounded():
 def test_a_tokenizer_that_merges_prefix_and_answer_is_named():
     """A Qwen2-style tokenizer trained to merge ">(" cannot spell "<answer>" + "(12 + 3) ..."
     as the forced prefix's tokens followed by the reply's."""
-    from starpo_jax.text.testing import qwen_style_tokenizer
+    from helpers.text_testing import qwen_style_tokenizer
 
     env = envs_jax.make("countdown")
     tok = qwen_style_tokenizer((env.symbol_strings,), (env.instructions, *(
