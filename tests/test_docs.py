@@ -51,6 +51,12 @@ def _install(command: str) -> bool:
     return command.startswith(("pip ", "python3 -m venv"))
 
 
+def _tests(command: str) -> bool:
+    """The test command: checked against CI's (test_the_test_commands_are_ci_s), not run
+    from inside the tests."""
+    return command.startswith("python -m pytest")
+
+
 def slug(heading: str) -> str:
     """GitHub's anchor of a Markdown heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -123,9 +129,10 @@ def test_every_block_of_every_page_names_what_exists(page):
                     assert (ROOT / "experiments" / "configs" / name).is_file(), command
 
 
-def test_the_development_test_commands_are_ci_s():
+@pytest.mark.parametrize("page", [README, ROOT / "docs" / "development.md"],
+                         ids=["README.md", "development.md"])
+def test_the_test_commands_are_ci_s(page):
     ci = (ROOT / ".ci" / "run").read_text()
-    page = ROOT / "docs" / "development.md"
     fast = [c for lang, text in blocks(page) for c in shell_commands(text) if "not slow" in c]
     assert fast and all(c in ci for c in fast)
 
@@ -168,7 +175,8 @@ def _run_page(page: Path, cwd: Path) -> list[tuple[str, str, str]]:
     out = []
     for lang, text in blocks(page):
         if lang == "bash":
-            stdout = "".join(_run_shell(c, cwd) for c in shell_commands(text) if not _install(c))
+            stdout = "".join(_run_shell(c, cwd) for c in shell_commands(text)
+                             if not _install(c) and not _tests(c))
         elif lang == "python":
             stdout = _run_python(text, cwd)
         else:
