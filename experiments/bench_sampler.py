@@ -15,6 +15,8 @@ also given as a fraction of the machine's f32 matmul peak measured in the same r
     python experiments/bench_sampler.py --generate-only --skip-torch --batches 16 32 64 \
         --cache-slots 1758 --decode-fills 0.5 --sampler-dtypes model bfloat16
 
+The torch side loads the weights with the parity tests' reference (tests/helpers/hf_reference.py,
+test-only: run from the repository root with PYTHONPATH=tests, or pass --skip-torch).
 Every timed phase is run once untimed first (compilation, and first touch of fresh memory,
 which is slow on these VMs); the JAX sampler then reuses its KV cache by donation.
 """
@@ -39,7 +41,6 @@ from flax import nnx
 
 from starpo_jax.models import KVCache, load_pretrained
 from starpo_jax.models.embedded import embedded_gguf_path
-from starpo_jax.models.hf_reference import transformers_from_gguf
 from starpo_jax.models.sampler_weights import (SAMPLER_DTYPES, sampler_graphdef,
                                                sampler_params)
 from starpo_jax.sampling import SamplingOptions, _generate_jit
@@ -257,6 +258,8 @@ def main() -> None:
     vocab = model.config.vocab_size
     hf_model = None
     if not args.skip_torch:
+        # The parity tests' reference (tests/helpers: not in the wheel), hence PYTHONPATH=tests.
+        from helpers.hf_reference import transformers_from_gguf
         hf_model = transformers_from_gguf(embedded_gguf_path())[0]
     rng = np.random.default_rng(0)
     rows: list[tuple[str, float, float | None, str, float]] = []  # name, jax, torch, unit, flops

@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
 from starpo_jax.train import make_train_fns  # noqa: E402
-from suites import load_config  # noqa: E402
+from starpo_jax.suites import load_config  # noqa: E402
 
 
 def main() -> None:

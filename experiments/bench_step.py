@@ -75,7 +75,6 @@ from flax import nnx  # noqa: E402
 
 import envs_jax  # noqa: E402
 from bench_sampler import matmul_peak  # noqa: E402
-from suites import load_config  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.forward import sequence_logprobs  # noqa: E402
 from starpo_jax.models import KVCache, layers  # noqa: E402
@@ -83,6 +82,7 @@ from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig, TrainCon
 from starpo_jax.flops import phase_flops  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.phases import phase_name  # noqa: E402
+from starpo_jax.suites import load_config  # noqa: E402
 from starpo_jax.sweep import parse_overrides, setting_config  # noqa: E402
 from starpo_jax.rollout import _prompt_widths, buffer_length  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402

@@ -60,7 +60,7 @@ def prepare_side(out: Path) -> None:
 
     from starpo_jax import api
     from starpo_jax.models.export import save_pretrained
-    from suites import load_config
+    from starpo_jax.suites import load_config
 
     config = load_config("quickstart")
     config.filter.keep_ratio = 1.0
@@ -210,7 +210,6 @@ def main() -> None:
     if args.tunix_side:
         tunix_side(*args.tunix_side)
         return
-    sys.path.insert(0, str(HERE))
     if args.prepare_side:
         prepare_side(Path(args.prepare_side))
         return

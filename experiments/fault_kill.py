@@ -199,6 +199,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--steps", type=int, default=0, help="default: 6 per kill + 4")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first", choices=MOMENTS, default="random",
+                        help="the moment of the first kill (they alternate)")
     parser.add_argument("--dir", type=Path, default=None, help="default: a temporary directory")
     args = parser.parse_args()
     steps = args.steps or 6 * args.kills + 4
@@ -207,7 +209,7 @@ def main() -> None:
     start = time.perf_counter()
     reference = reference_run(base / "uninterrupted", steps, env)
     records, refused, rows = killed_run(base / "killed", steps, args.kills, env,
-                                        random.Random(args.seed))
+                                        random.Random(args.seed), args.first)
     failures = check(records, refused, rows, reference)
     print(table(records))
     print(f"\nsecond run while the first was alive: {refused}")

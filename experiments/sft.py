@@ -11,64 +11,51 @@
 A bare config name resolves to experiments/configs/; keys are api.default_config's plus the
 `sft` section (starpo_jax.sft.sft_default_config). The loop, the workdir's files (config.json,
 metrics.jsonl, tensorboard/, checkpoints/, samples/), --resume, SIGINT / SIGTERM and the faults
-are experiments/run.py's: this script only builds an SFT experiment (its step is a supervised
-step; its evaluations add val/sft/heldout/loss) and hands it to run.py's `train`. An evaluation
-of the initial policy is printed before step 1 (the "before" numbers), and with sft.write_demos > 0
-that many demonstrations are written to <workdir>/demos.jsonl first.
+are run.py's (starpo_jax.runner.train): this script only parses the flags and calls
+starpo_jax.runner.run_sft, which builds an SFT experiment (its step is a supervised step; its
+evaluations add val/sft/heldout/loss). An evaluation of the initial policy is printed before
+step 1 (the "before" numbers), and with sft.write_demos > 0 that many demonstrations are
+written to <workdir>/demos.jsonl first.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
-import run  # noqa: E402  (experiments/run.py: the loop and its faults)
-from starpo_jax import cli, sft  # noqa: E402
-from starpo_jax.evaluation import summary_table  # noqa: E402
-from starpo_jax.workdir import RunFault, WorkdirLock  # noqa: E402
+from starpo_jax import cli, runner  # noqa: E402
+from starpo_jax.cli import CONFIG_DIR  # noqa: E402
+from starpo_jax.workdir import RunFault  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
+                                          "experiments/configs/).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, events and checkpoints.")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue from the newest checkpoint in --workdir.")
 
 
 def _main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not run._WORKDIR.value:
+    if not _WORKDIR.value:
         raise app.UsageError("--workdir is required")
-    if run._CONFIG.value is None:
+    if _CONFIG.value is None:
         raise app.UsageError("--config is required (a config file, e.g. sokoban_sft.py)")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-    config = run._CONFIG.value
-    sft.split_config(config)  # every key and value checked before anything loads or compiles
-    workdir = Path(run._WORKDIR.value)
-    print(f"config {flags.FLAGS['config'].config_filename} -> {workdir}", flush=True)
-    with WorkdirLock(workdir, print):
-        exp = sft.build(config)
-        fresh = not run._RESUME.value and not (workdir / "config.json").exists()
-        if config.sft.write_demos and fresh:
-            workdir.mkdir(parents=True, exist_ok=True)
-            count = exp.write_demos(workdir / "demos.jsonl", config.sft.write_demos)
-            print(f"{count} demonstrations -> {workdir / 'demos.jsonl'}", flush=True)
-        if fresh and config.eval_every:
-            before = exp.evaluator().evaluate(exp.state.actor).metrics
-            print(f"evaluation before SFT:\n{summary_table(before)}", flush=True)
-            workdir.mkdir(parents=True, exist_ok=True)
-            (workdir / "before.json").write_text(json.dumps(before, indent=2) + "\n")
-        with run.stop_on_signals() as stop:
-            done = run.train(exp, workdir, resume=run._RESUME.value, stop=stop)
-    print(f"{done}/{config.steps} steps; workdir {workdir}", flush=True)
+    runner.run_sft(_CONFIG.value, Path(_WORKDIR.value), resume=_RESUME.value,
+                   config_file=flags.FLAGS["config"].config_filename)
 
 
 def main() -> None:
-    cli.run_app(_main, run.resolve_config_arg(sys.argv),
+    cli.run_app(_main, cli.resolve_config_arg(sys.argv, CONFIG_DIR),
                 errors=(ValueError, FileNotFoundError, MemoryError, RunFault, FileExistsError),
-                config_dir=run.CONFIG_DIR)
+                config_dir=CONFIG_DIR)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def _codec(full: ConfigDict, train: TrainConfig, tokenizer: Any, env: Any) -> An
                        max_actions_per_turn=train.rollout.max_actions_per_turn,
                        max_actions_per_traj=train.rollout.max_actions_per_traj,
                        max_tokens=train.rollout.announced_tokens, verify=full.prompt.verify,
-                       **template)
+                       single_turn=train.rollout.context_window_mode == "single_turn", **template)
 
 
 @dataclasses.dataclass

@@ -253,7 +253,7 @@ class Choice:
                 f"available{why} ({len(self.compiled)} compiled)")
 
     def record(self) -> dict:
-        """A JSON-able record (experiments/run.py puts it in config.json)."""
+        """A JSON-able record (starpo_jax.runner puts it in config.json)."""
         return {"settings": self.settings.values(), "auto": list(self.auto),
                 "needed_gib": round(self.needed / GIB, 3),
                 "available_gib": round(self.budget / GIB, 3), "where": self.where,

@@ -17,6 +17,10 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+# The shipped config files (a source checkout's experiments/configs/): where a bare `--config
+# NAME` resolves, and the configs the suites and the step-time advice name.
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+
 
 def resolve_config_arg(argv: list[str], config_dir: Path) -> list[str]:
     """Rewrites `--config NAME[:arg]` / `--config=NAME[:arg]` so that a bare file name that does

@@ -62,6 +62,8 @@ LOSS_SCALINGS = ("none", "linear", "sqrt")
 FILTER_MODES = ("std", "std_rev")
 TOP_P_WEIGHTS = ("linear", "softmax")
 CACHE_DTYPES = ("float32", "bfloat16")
+# What the model sees at each turn (RAGEN's agent_proxy.context_window_mode; starpo_jax.rollout).
+CONTEXT_WINDOW_MODES = ("full", "limited_multi_turn", "single_turn")
 LORA_BASE_DTYPES = ("float32", "bfloat16")
 
 
@@ -158,6 +160,14 @@ class RolloutConfig:
     # The train step rolls the groups out in this many sequential chunks (each with its own
     # key): the KV cache and the sampler's buffers exist for groups / chunks groups at a time.
     chunks: int = 1
+    # What the model sees at turn t (RAGEN's agent_proxy keys): "full" the whole conversation;
+    # "limited_multi_turn" the system message and the last max_context_window turns as
+    # messages; "single_turn" one user message with the previous turns' history as text. The
+    # two limited modes train on one sample per (trajectory, turn): its context and its reply.
+    # max_context_window: turns shown, the current one included; -1 every turn (the original's
+    # default).
+    context_window_mode: str = "full"
+    max_context_window: int = -1
 
     def __post_init__(self) -> None:
         o = "rollout"
@@ -173,6 +183,10 @@ class RolloutConfig:
         _choice(o, "sampler_dtype", self.sampler_dtype, SAMPLER_DTYPES)
         _int(o, "chunks", self.chunks)
         _bool(o, "shared_env_randomness", self.shared_env_randomness)
+        _choice(o, "context_window_mode", self.context_window_mode, CONTEXT_WINDOW_MODES)
+        k = self.max_context_window
+        if not isinstance(k, int) or isinstance(k, bool) or k == 0 or k < -1:
+            _fail(o, "max_context_window", k, "-1 (every earlier turn) or an int >= 1")
         if self.groups % self.chunks:
             _fail(o, "chunks", self.chunks, f"a divisor of rollout.groups = {self.groups}")
 
@@ -180,6 +194,17 @@ class RolloutConfig:
     def batch_size(self) -> int:
         """B = P * N trajectories per step."""
         return self.groups * self.group_size
+
+    @property
+    def turn_samples(self) -> bool:
+        """The update trains on one sample per (trajectory, turn) (the limited context modes)."""
+        return self.context_window_mode != "full"
+
+    @property
+    def window_turns(self) -> int:
+        """Turns a context shows at most, the current one included (max_turns when unlimited)."""
+        k = self.max_context_window
+        return self.max_turns if k < 0 else min(k, self.max_turns)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -459,6 +484,11 @@ class TrainConfig:
                            ("lora", LoraConfig)):
             if not isinstance(getattr(self, name), kind):
                 _fail("config", name, getattr(self, name), f"a {kind.__name__}")
+        if self.collapse.every and self.rollout.turn_samples:
+            # The original computes them only in the full mode (collapse_metrics.py).
+            _fail("collapse", "every", self.collapse.every,
+                  f"0 (off): rollout.context_window_mode = "
+                  f"{self.rollout.context_window_mode!r} has no whole conversation to score")
         if self.collapse.every and self.rollout.groups < 2:
             _fail("collapse", "every", self.collapse.every,
                   f"0 (off): the metrics compare prompts and rollout.groups = "
@@ -469,7 +499,8 @@ class TrainConfig:
         rows, per = self.kept_rows, self.optim.minibatch_rows
         if rows > per and rows % per:
             _fail("optim", "minibatch_rows", per,
-                  f"a divisor of the {rows} kept rows (kept groups x group_size), or >= {rows}")
+                  f"a divisor of the {rows} kept rows (kept groups x group_size"
+                  f"{' x max_turns' if self.rollout.turn_samples else ''}), or >= {rows}")
         rows //= self.minibatches
         if rows % self.optim.micro_batches:
             _fail("optim", "micro_batches", self.optim.micro_batches,
@@ -509,8 +540,10 @@ class TrainConfig:
 
     @property
     def kept_rows(self) -> int:
-        """Rows the update trains on: kept groups x group_size."""
-        return self.kept_groups * self.rollout.group_size
+        """Rows the update trains on: kept groups x group_size (x max_turns with turn samples:
+        one row per trajectory and turn, as the original's ppo_mini_batch_size counts them)."""
+        turns = self.rollout.max_turns if self.rollout.turn_samples else 1
+        return self.kept_groups * self.rollout.group_size * turns
 
     @property
     def minibatches(self) -> int:

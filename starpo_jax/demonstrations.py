@@ -10,26 +10,38 @@ prefix, buffers, masks and env stepping as a sampled rollout; only each turn's r
 from the policy (starpo_jax.policies) instead of the sampler. A reply is the original's answer
 text, `<answer>Up || Left</answer>` (think mode: `<think>` + a fixed templated sentence +
 `</think><answer>...`: a template, not reasoning), tokenised in JAX from host-encoded pieces and
-verified against `tokenizer.encode` when the encoder is built. When the chat template ends an
-assistant turn with the EOS token, the reply ends with it too (it is in the loss mask: the
-model learns to end its turn; the next message then skips its own copy, as after a sampled EOS).
+verified against `tokenizer.encode` when the encoder is built. Free-text envs (Countdown,
+Sudoku) have no action names: their policies return the answer's text as symbol ids
+(policies.answer_symbols), and `AnswerEncoder` tokenises it in JAX with the text layer's
+byte-level BPE of a block (starpo_jax.text.blocks), checked the same way.
+
+Host envs (envs_host): `host_demonstrate` plays a policy of the observation text,
+`(observation, rng) -> answer items`, through host_rollout.host_rollout (`replies=`), the
+reply text tokenised whole on the host; its transcripts are written the same way.
+
+When the chat template ends an assistant turn with the EOS token, the reply ends with it too (it
+is in the loss mask: the model learns to end its turn; the next message then skips its own copy,
+as after a sampled EOS).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs_host.pool import EnvPool
 from starpo_jax.config import RolloutConfig
-from starpo_jax.policies import Policy
+from starpo_jax.host_rollout import host_rollout
+from starpo_jax.host_text import HostText
+from starpo_jax.policies import Policy, answer_bytes, answer_samples, answer_symbols
 from starpo_jax.rollout import Rollout, rollout
-from starpo_jax.text.blocks import concat_pieces
+from starpo_jax.text.blocks import Block, Slot, build_block, concat_pieces
 from starpo_jax.text.codec import Codec, chat_pieces
 
 #: The think-mode thought of every demonstration reply (a template: it carries no reasoning).
@@ -64,6 +76,24 @@ class ReplyEncoder(flax.struct.PyTreeNode):
         return concat_pieces(pieces)
 
 
+class AnswerEncoder(flax.struct.PyTreeNode):
+    """Token tables of a free-text env's demonstration replies: the text layer's block of
+    forced prefix (+ think mode's thought) + answer symbols + "</answer>"."""
+
+    block: Block
+    eos: jax.Array  # [E] int32: the EOS when it ends the template's turns, else empty
+    prefix: int = flax.struct.field(pytree_node=False)  # tokens of the forced prefix
+    width: int = flax.struct.field(pytree_node=False)  # the most tokens of a reply
+
+    def encode(self, answer: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """One reply: answer [W] int32 symbols (policies.answer_symbols) -> (tokens [T] int32
+        after the forced prefix, -1 padded; length [] int32)."""
+        ids, n = self.block.encode({"answer": answer})
+        ids, n = concat_pieces([(ids[self.prefix:], n - self.prefix),
+                                (self.eos, jnp.int32(self.eos.shape[0]))])
+        return ids[: self.width], n
+
+
 def _table(rows: list[list[int]]) -> tuple[jax.Array, jax.Array]:
     width = max(len(r) for r in rows)
     ids = np.full((len(rows), width), -1, np.int32)
@@ -72,9 +102,9 @@ def _table(rows: list[list[int]]) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray(ids), jnp.asarray([len(r) for r in rows], jnp.int32)
 
 
-def reply_text(codec: Codec, names: Iterable[str]) -> str:
-    """The whole assistant text of a demonstration reply naming `names` (the forced prefix
-    included, the end-of-turn token not)."""
+def reply_text(codec: Codec | HostText, names: Iterable[str]) -> str:
+    """The whole assistant text of a demonstration reply naming `names` (answer items; the
+    forced prefix included, the end-of-turn token not)."""
     t = codec.template
     answer = f" {t.action_sep} ".join(names)
     head = f"{THOUGHT}</think><answer>" if t.think else ""
@@ -82,41 +112,61 @@ def reply_text(codec: Codec, names: Iterable[str]) -> str:
 
 
 def build_reply_encoder(tokenizer: Any, env: Any, codec: Codec, *, max_actions_per_turn: int,
-                        verify: int = 200, seed: int = 0) -> ReplyEncoder:
-    """Host: the reply tables of `env`'s action names for `codec`'s mode, checked on `verify`
-    random action lists against tokenizer.encode of the reply text. Raises ValueError for an
-    env without action names (free-text envs) or a reply the pieces cannot spell exactly."""
-    names = tuple(env.action_names)
-    if not names:
-        raise ValueError(f"{type(env).__name__} has no action names (a free-text env); "
-                         "demonstrations need an env whose actions are names")
+                        verify: int = 200, seed: int = 0) -> ReplyEncoder | AnswerEncoder:
+    """Host: the reply tables of `env`'s action names (an AnswerEncoder of its answer symbols
+    for a free-text env) for `codec`'s mode, checked on `verify` random replies against
+    tokenizer.encode of the reply text. Raises ValueError for a free-text env without an
+    answer spelling or a reply the pieces cannot spell exactly."""
     t = codec.template
     prefix = _encode(tokenizer, t.forced_prefix)
     if list(codec.forced_prefix_ids) != prefix:
         raise ValueError("the codec's forced prefix is not this tokenizer's encoding of "
                          f"{t.forced_prefix!r}")
-    head = _encode(tokenizer, f"{THOUGHT}</think><answer>") if t.think else []
+    head = f"{THOUGHT}</think><answer>" if t.think else ""
     sep = f" {t.action_sep} "
     end = chat_pieces(tokenizer)["assistant_to_user"]
     eos = [tokenizer.eos_token_id] if _encode(tokenizer, end)[:1] == [tokenizer.eos_token_id] \
         else []
-    first, first_n = _table([_encode(tokenizer, n) for n in names])
-    later, later_n = _table([_encode(tokenizer, sep + n) for n in names])
-    encoder = ReplyEncoder(head=jnp.asarray(head, jnp.int32).reshape(-1), first=first,
-                           first_lengths=first_n, later=later, later_lengths=later_n,
-                           tail=jnp.asarray(_encode(tokenizer, "</answer>") + eos, jnp.int32))
-    rng = np.random.default_rng(seed)
-    encode = jax.jit(jax.vmap(ReplyEncoder.encode, in_axes=(None, 0)))
-    counts = rng.integers(1, max_actions_per_turn + 1, verify)
-    actions = rng.integers(0, len(names), (verify, max_actions_per_turn))
-    actions = np.where(np.arange(max_actions_per_turn) < counts[:, None], actions, -1)
-    ids, lengths = jax.device_get(encode(encoder, jnp.asarray(actions, jnp.int32)))
-    for row, n, acts in zip(ids, lengths, actions):
-        text = reply_text(codec, [names[a] for a in acts if a >= 0])
-        want = _encode(tokenizer, text) + eos
-        if prefix + row[:n].tolist() != want:
+    names = tuple(env.action_names)
+    if names:
+        first, first_n = _table([_encode(tokenizer, n) for n in names])
+        later, later_n = _table([_encode(tokenizer, sep + n) for n in names])
+        encoder = ReplyEncoder(head=jnp.asarray(_encode(tokenizer, head) if head else [],
+                                                jnp.int32).reshape(-1),
+                               first=first, first_lengths=first_n, later=later,
+                               later_lengths=later_n,
+                               tail=jnp.asarray(_encode(tokenizer, "</answer>") + eos, jnp.int32))
+        rng = np.random.default_rng(seed)
+        counts = rng.integers(1, max_actions_per_turn + 1, verify)
+        inputs = rng.integers(0, len(names), (verify, max_actions_per_turn))
+        inputs = np.where(np.arange(max_actions_per_turn) < counts[:, None], inputs, -1)
+        texts = [reply_text(codec, [names[a] for a in acts if a >= 0]) for acts in inputs]
+        what = "this tokenizer merges action names with their neighbours"
+    else:
+        symbols = answer_symbols(env, sep)
+        inputs = answer_samples(env, max_actions_per_turn, max(verify, 2), seed)
+        slot = Slot("answer", symbols, lambda rng: inputs[rng.integers(len(inputs))])
+        block = build_block(tokenizer, [t.forced_prefix + head, slot, "</answer>"],
+                            verify=verify, seed=seed)
+        if block.static[0][: len(prefix)] != tuple(prefix):
+            raise ValueError(f"{type(env).__name__} answers: this tokenizer merges the forced "
+                             f"prefix {t.forced_prefix!r} with the reply that follows it")
+        # The block's static width allows the longest symbol everywhere; a token has a byte at
+        # least, so the answer's own byte bound is a tighter one.
+        longest = max(len(x.encode("utf-8")) for x in symbols)
+        region = (block.max_tokens[0] - block.slot_widths[0] * longest
+                  + answer_bytes(env, max_actions_per_turn, sep))
+        width = len(block.static[0]) - len(prefix) + region + len(block.static[1]) + len(eos)
+        encoder = AnswerEncoder(block=block, eos=jnp.asarray(eos, jnp.int32).reshape(-1),
+                                prefix=len(prefix), width=width)
+        texts = [reply_text(codec, ["".join(symbols[i] for i in row)]) for row in inputs]
+        what = "this tokenizer merges the answer's pieces with their neighbours"
+    encode = jax.jit(jax.vmap(type(encoder).encode, in_axes=(None, 0)))
+    ids, lengths = jax.device_get(encode(encoder, jnp.asarray(inputs, jnp.int32)))
+    for row, n, text in zip(ids, lengths, texts):
+        if prefix + row[:n].tolist() != _encode(tokenizer, text) + eos:
             raise ValueError(f"demonstration reply {text!r} does not tokenise as its pieces; "
-                             "this tokenizer merges action names with their neighbours")
+                             f"{what}")
     return encoder
 
 
@@ -136,6 +186,46 @@ def demonstrate(env: Any, codec: Codec, config: RolloutConfig, policy: Policy,
                    reset_key=reset_key, replies=replies)
 
 
+#: A host env's demonstration policy: (observation text, rng) -> the turn's answer items
+#: (action names, or free-text items; a str is one item).
+HostPolicy = Callable[[str, np.random.Generator], Sequence[str] | str]
+
+
+def host_demonstrate(pool: EnvPool, text: HostText, config: RolloutConfig, policy: HostPolicy,
+                     key: jax.Array, *, eos_id: int, pad_id: int, seeds: Any = None,
+                     ) -> tuple[Rollout, dict[str, float]]:
+    """B = groups * group_size demonstrations of a host env: `host_rollout` (same pool, text,
+    key and seeds semantics) with each row's replies from `policy(observation, rng)` (rng
+    seeded from the turn's key; rows in order), each reply's text (`reply_text`) tokenised
+    whole, the EOS appended where it ends the template's turns. Raises ValueError for a reply
+    whose tokens do not begin with the forced prefix's (the tokenizer merges the two)."""
+    prefix = list(text.forced_prefix_ids)
+    end = text.encode(text.chat["assistant_to_user"])
+    eos = [eos_id] if end[:1] == [eos_id] else []
+
+    def replies(observations: list[str | None], turn: int, turn_key: jax.Array):
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(turn_key)).tolist())
+        rows = []
+        for observation in observations:
+            if observation is None:  # the row has stopped
+                rows.append([])
+                continue
+            items = policy(observation, rng)
+            reply = reply_text(text, [items] if isinstance(items, str) else items)
+            ids = text.encode(reply)
+            if ids[: len(prefix)] != prefix:
+                raise ValueError(f"demonstration reply {reply!r} does not begin with the "
+                                 "forced prefix's tokens; this tokenizer merges them")
+            rows.append(ids[len(prefix):] + eos)
+        tokens = np.full((len(rows), max(map(len, rows))), pad_id, np.int32)
+        for row, ids in enumerate(rows):
+            tokens[row, : len(ids)] = ids
+        return tokens, np.array([len(r) for r in rows], np.int32)
+
+    return host_rollout(None, None, pool, text, config, key, eos_id=eos_id, pad_id=pad_id,
+                        seeds=seeds, replies=replies)
+
+
 # ---------------------------------------------------------------- JSONL chat transcripts
 
 
@@ -153,8 +243,10 @@ def _strip(text: str, head: str, tail: str, what: str) -> str:
     return text[len(head): len(text) - len(tail)]
 
 
-def transcripts(out: Rollout, tokenizer: Any, codec: Codec) -> list[dict[str, list]]:
-    """The rows of a rollout (sampled or demonstrated) as chat transcripts,
+def transcripts(out: Rollout, tokenizer: Any, codec: Codec | HostText,
+                ) -> list[dict[str, list]]:
+    """The rows of a rollout (sampled or demonstrated; a host rollout's with its HostText) as
+    chat transcripts,
     [{"messages": [{"role": ..., "content": ...}, ...]}], the assistant contents with their
     forced prefix; re-tokenising one with the chat template gives the row's tokens back."""
     host = jax.device_get(out)

@@ -197,15 +197,21 @@ def _program(graphdef, env, config: RolloutConfig, greedy: bool, eos_id: int, pa
 
 
 def format_conversation(tokenizer: Any, out: Rollout, row: int) -> str:
-    """Row `row` of a Rollout as readable text: its whole token buffer decoded, the model's
+    """Row `row` of a Rollout as readable text: its whole token buffer decoded (a limited
+    context mode's row: each turn's sample, its context then its reply), the model's
     sampled tokens between « and », each reply followed by its turn's reward and format flag,
     under a header with the trajectory's outcome."""
     host = jax.device_get(out)
     rows = host.tokens.shape[0]
     if not 0 <= row < rows:
         raise ValueError(f"row {row} is out of range; the rollout has rows 0..{rows - 1}")
-    n = int(host.lengths[row])
-    tokens, mask, turn_ids = host.tokens[row, :n], host.loss_mask[row, :n], host.turn_ids[row, :n]
+    cols = np.arange(int(host.lengths[row]))
+    if host.turn_lengths is not None:
+        width = host.tokens.shape[1] // host.turn_lengths.shape[1]
+        cols = np.concatenate([t * width + np.arange(n)
+                               for t, n in enumerate(host.turn_lengths[row])])
+    tokens, mask, turn_ids = host.tokens[row, cols], host.loss_mask[row, cols], \
+        host.turn_ids[row, cols]
     rewards, penalties = host.turn_rewards[row], host.format_penalties[row]
     turns = int(host.turn_taken[row].sum())
     lines = [f"=== row {row}: success {bool(host.success[row])}, "

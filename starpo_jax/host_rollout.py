@@ -22,6 +22,10 @@ Seeds: `seeds` [P] if given, else drawn from the key's reset half (a run's numbe
 only on its key). A row whose env call fails (raised or timed out; see envs_host.pool) ends
 there with all its env rewards 0 and no success; `stats` counts such rows and the
 observations cut to fit their width.
+
+A demonstration (`replies=`, starpo_jax.demonstrations.host_demonstrate) is this same loop
+with each turn's reply tokens supplied, from the rows' current observation texts, instead of
+sampled, and no model.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +45,7 @@ from envs_host.pool import EnvPool
 from starpo_jax.config import RolloutConfig
 from starpo_jax.host_text import HostText
 from starpo_jax.models.cache import KVCache
-from starpo_jax.rollout import Rollout, _prefill, _repeat_cache
+from starpo_jax.rollout import Rollout, _prefill, _repeat_cache, _supplied
 from starpo_jax.sampling import SamplingOptions, generate_pure
 from starpo_jax.text.parse import stop_strings
 
@@ -53,6 +57,11 @@ def host_buffer_length(text: HostText, config: RolloutConfig) -> int:
     per_turn = len(text.forced_prefix_ids) + config.reply_tokens
     turns = config.max_turns
     return text.first_width + turns * per_turn + (turns - 1) * text.later_width
+
+
+def host_sample_width(text: HostText, config: RolloutConfig) -> int:
+    """W of a limited context mode's turn sample: window, forced prefix and reply, static."""
+    return text.window_width + len(text.forced_prefix_ids) + config.reply_tokens
 
 
 def _generate(graphdef, params, cache, prefix, key, token_bytes, options):
@@ -115,12 +124,18 @@ def _anchor_ids(texts: np.ndarray, n: int) -> np.ndarray:
 
 def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text: HostText,
                  config: RolloutConfig, key: jax.Array, *, eos_id: int, pad_id: int,
-                 seeds: Any = None, greedy: bool = False) -> tuple[Rollout, dict[str, float]]:
+                 seeds: Any = None, greedy: bool = False,
+                 replies: Callable[[list[str | None], int, jax.Array], tuple[Any, Any]] | None
+                 = None) -> tuple[Rollout, dict[str, float]]:
     """B = groups * group_size trajectories of `pool`'s env (see the module docstring).
 
     graphdef, params = nnx.split(policy); pool: config.batch_size rows; text: built for this
     env, tokenizer and config; key: split into the reset and sampling keys as `rollout` does.
     greedy: argmax replies (evaluation); the temperature then only scales the log-probs.
+    replies: a demonstration: each turn's reply tokens come from replies(observations, turn,
+    key) -> (tokens [B, W] int32 after the forced prefix, lengths [B]), the observations the
+    rows' current texts (None for rows that stopped), instead of the sampler (graphdef and
+    params may then be None).
     Returns (Rollout with arrays [B, L] / [B, T] / [B], host stats as floats).
     """
     p, n, turns = config.groups, config.group_size, config.max_turns
@@ -156,17 +171,27 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
         truncated += cut
     first_ids, first_n = _padded(first, text.first_width)
 
-    tokens = np.full((b, length), pad_id, np.int32)
-    mask = np.zeros((b, length), bool)
-    tids = np.full((b, length), -1, np.int32)
-    blogp = np.zeros((b, length), np.float32)
-    bent = np.zeros((b, length), np.float32)
+    windowed = config.turn_samples
+    width = host_sample_width(text, config) if windowed else length
+    tokens = np.full((b, length), pad_id, np.int32)  # the conversation
+    # The returned rows: the conversation, or each turn's sample at columns k * width.
+    samples = np.full((b, turns * width), pad_id, np.int32) if windowed else tokens
+    mask = np.zeros(samples.shape, bool)
+    tids = np.full(samples.shape, -1, np.int32)
+    blogp = np.zeros(samples.shape, np.float32)
+    bent = np.zeros(samples.shape, np.float32)
     for row in range(b):
         tokens[row, : first_n[row // n]] = first[row // n]
     filled = np.repeat(first_n, n).astype(np.int64)
     per_turn = {name: np.zeros((b, turns), dtype) for name, dtype in (
         ("reward", np.float32), ("penalty", np.float32), ("taken", bool), ("format_ok", bool),
-        ("think", np.int32), ("reply", np.int32))}
+        ("think", np.int32), ("reply", np.int32), ("window", np.int32), ("sample", np.int32))}
+    # Per row and turn, for the windows: where its reply starts in the conversation, the
+    # observation and budget it was shown, and its reply's text.
+    starts = np.zeros((b, turns), np.int64)
+    shown = np.full((b, turns), None, object)
+    budgets = np.zeros((b, turns), np.int32)
+    texts = np.full((b, turns), None, object)
     failed = np.array([o is None for o in observations])
     active = ~failed
     taken = np.zeros(b, np.int32)
@@ -175,9 +200,45 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
     current = [o or "" for o in observations]
     start_texts = np.full((b, turns), None, object)  # GiGPO's anchors (`_anchor_ids`)
 
-    gen = _first_turn(graphdef, params, jnp.asarray(first_ids), jnp.asarray(first_n), prefix_arr,
-                      jax.random.fold_in(sample_key, 0), token_bytes, options=options,
-                      group_size=n, length=length, cache_dtype=config.cache_dtype)
+    def windows(k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Turn k's window of each active row (a limited mode's context; see `rollout`)."""
+        nonlocal truncated
+        h = max(0, k - config.window_turns + 1)
+        rows = [[] for _ in range(b)]
+        for row in np.flatnonzero(active):
+            starts[row, k], shown[row, k], budgets[row, k] = filled[row], current[row], \
+                budget - taken[row]
+            if config.context_window_mode == "single_turn":
+                history = [(shown[row, j], texts[row, j], float(per_turn["reward"][row, j]))
+                           for j in range(h, k)]
+                ids, cut = text.single_ids(k + 1, current[row], budget - taken[row], history,
+                                           text.window_width)
+            else:
+                ids, cut = text.first_ids(shown[row, h], int(budgets[row, h]), h + 1)
+                ids = ids + tokens[row, starts[row, h]: filled[row]].tolist()
+            truncated += cut
+            rows[row] = ids
+        return _padded(rows, text.window_width)
+
+    def supplied(turn: int):  # a demonstration's replies for the rows still going
+        texts = [c if a else None for c, a in zip(current, active)]
+        return _supplied(replies, texts, turn, jax.random.fold_in(sample_key, turn),
+                         config.reply_tokens, pad_id)
+
+    if windowed:
+        window_ids, window_n = windows(0)
+    if replies is not None:
+        gen = supplied(0)
+    elif windowed:
+        gen = _first_turn(graphdef, params, jnp.asarray(window_ids), jnp.asarray(window_n),
+                          prefix_arr, jax.random.fold_in(sample_key, 0), token_bytes,
+                          options=options, group_size=1, length=width,
+                          cache_dtype=config.cache_dtype)
+    else:
+        gen = _first_turn(graphdef, params, jnp.asarray(first_ids), jnp.asarray(first_n),
+                          prefix_arr, jax.random.fold_in(sample_key, 0), token_bytes,
+                          options=options, group_size=n, length=length,
+                          cache_dtype=config.cache_dtype)
     for k in range(turns):
         g_tokens, g_len, g_logp, g_ent = jax.device_get(
             (gen.tokens, gen.lengths, gen.logprobs, gen.entropy))
@@ -186,10 +247,18 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
             at, m = filled[row] + f, int(g_len[row])
             tokens[row, filled[row]: at] = prefix
             tokens[row, at: at + m] = g_tokens[row, :m]
-            mask[row, at: at + m] = True
-            tids[row, at: at + m] = k
-            blogp[row, at: at + m] = g_logp[row, :m]
-            bent[row, at: at + m] = g_ent[row, :m]
+            out_at = at
+            if windowed:  # the turn's sample: window, forced prefix, reply
+                w, out_at = int(window_n[row]), k * width + int(window_n[row]) + f
+                samples[row, k * width: out_at] = np.concatenate([window_ids[row, :w], prefix])
+                samples[row, out_at: out_at + m] = g_tokens[row, :m]
+                per_turn["window"][row, k], per_turn["sample"][row, k] = w, w + f + m
+                texts[row, k] = text.tokenizer.decode(prefix + g_tokens[row, :m].tolist(),
+                                                      skip_special_tokens=True)
+            mask[row, out_at: out_at + m] = True
+            tids[row, out_at: out_at + m] = k
+            blogp[row, out_at: out_at + m] = g_logp[row, :m]
+            bent[row, out_at: out_at + m] = g_ent[row, :m]
             filled[row] = at + m
             acts, ok, think = text.parse(prefix + g_tokens[row, :m].tolist())
             actions[int(row)] = acts
@@ -237,10 +306,18 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
             messages[row] = ids
             tokens[row, filled[row]: filled[row] + len(ids)] = ids
             filled[row] += len(ids)
+        turn_key = jax.random.fold_in(sample_key, k + 1)
+        if windowed:
+            window_ids, window_n = windows(k + 1)
+            gen = supplied(k + 1) if replies is not None else _first_turn(
+                graphdef, params, jnp.asarray(window_ids), jnp.asarray(window_n), prefix_arr,
+                turn_key, token_bytes, options=options, group_size=1, length=width,
+                cache_dtype=config.cache_dtype)
+            continue
         ids, counts = _padded(messages, text.later_width)
-        gen = _later_turn(graphdef, params, gen.cache, jnp.asarray(ids), jnp.asarray(counts),
-                          prefix_arr, jax.random.fold_in(sample_key, k + 1), token_bytes,
-                          options=options)
+        gen = supplied(k + 1) if replies is not None else _later_turn(
+            graphdef, params, gen.cache, jnp.asarray(ids), jnp.asarray(counts), prefix_arr,
+            turn_key, token_bytes, options=options)
 
     for failure in pool.failures:
         log.warning("%s", failure)
@@ -249,8 +326,11 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
                     " = the room per observation)", pool.name, truncated)
     per_turn["reward"][failed] = 0.0
     success &= ~failed
-    out = Rollout(tokens=tokens, lengths=filled.astype(np.int32),
-                  prompt_lengths=np.repeat(first_n, n).astype(np.int32), loss_mask=mask,
+    rows = dict(tokens=tokens, lengths=filled.astype(np.int32))
+    if windowed:
+        rows = dict(tokens=samples, lengths=per_turn["sample"].sum(-1),
+                    turn_lengths=per_turn["sample"], window_lengths=per_turn["window"])
+    out = Rollout(**rows, prompt_lengths=np.repeat(first_n, n).astype(np.int32), loss_mask=mask,
                   turn_ids=tids,
                   behaviour_logp=blogp, behaviour_entropy=bent,
                   turn_rewards=per_turn["reward"], format_penalties=per_turn["penalty"],

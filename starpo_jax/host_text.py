@@ -29,7 +29,7 @@ from starpo_jax.config import RolloutConfig
 from starpo_jax.text.codec import _token_bytes, chat_pieces
 from starpo_jax.text.parse import reference_items, reference_match
 from starpo_jax.text.templates import (MAX_REWARD, PromptTemplate, default_template,
-                                       intro_text, user_message)
+                                       intro_text, single_turn_user, user_message)
 from starpo_jax.text.token_bytes import TokenBytes
 
 # Room for the digits of turn numbers and budgets beyond the widest ones measured.
@@ -51,14 +51,29 @@ class HostText:
     max_actions_per_turn: int
     first_width: int  # tokens of room for turn 1's prompt
     later_width: int  # tokens of room for each later message
+    # The limited context modes: tokens of room for a turn's window (its context before the
+    # forced prefix); 0 in the full mode.
+    window_width: int = 0
     max_reply_bytes: int | None = None  # None: the whole reply (as the JAX parser)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def first_text(self, observation: str, actions_left: int) -> str:
-        user = user_message(self.template, self.intro, 1, observation, actions_left,
+    def first_text(self, observation: str, actions_left: int, turn: int = 1) -> str:
+        """The conversation's head up to the assistant header: system, then the intro and turn
+        `turn`'s text (a limited context window opens at a later turn the same way)."""
+        user = user_message(self.template, self.intro, turn, observation, actions_left,
                             self.max_tokens, None)
+        return self._alone(user)
+
+    def single_text(self, turn: int, observation: str, actions_left: int,
+                    history: Sequence[tuple[str, str, float]]) -> str:
+        """The single_turn mode's prompt of `turn`: system, one user message with the earlier
+        turns shown (`history`: (state, reply text, reward) each) and the current one."""
+        return self._alone(single_turn_user(self.template, self.intro, turn, observation,
+                                            actions_left, self.max_tokens, history))
+
+    def _alone(self, user: str) -> str:
         return (self.chat["start"] + self.template.system + self.chat["system_to_user"] + user
                 + self.chat["user_to_assistant"])
 
@@ -82,10 +97,28 @@ class HostText:
                              f"than its width {width}: {render('')!r:.300}")
         return ids, True
 
-    def first_ids(self, observation: str, actions_left: int) -> tuple[list[int], bool]:
-        """Turn 1's prompt (template start .. assistant header) -> (ids, observation cut)."""
-        return self._fit(lambda o: self.first_text(o, actions_left), observation,
+    def first_ids(self, observation: str, actions_left: int, turn: int = 1,
+                  ) -> tuple[list[int], bool]:
+        """Turn 1's prompt (template start .. assistant header; turn `turn`'s number) ->
+        (ids, observation cut)."""
+        return self._fit(lambda o: self.first_text(o, actions_left, turn), observation,
                          self.first_width)
+
+    def single_ids(self, turn: int, observation: str, actions_left: int,
+                   history: Sequence[tuple[str, str, float]], width: int,
+                   ) -> tuple[list[int], bool]:
+        """`single_text` in `width` tokens -> (ids, cut): the oldest turns of the history are
+        left out until it fits (as the original fits max_model_len), then the observation is
+        cut; cut is True when either happened."""
+        shown = list(history)
+        while shown:
+            ids = self.encode(self.single_text(turn, observation, actions_left, shown))
+            if len(ids) <= width:
+                return ids, len(shown) < len(history)
+            shown.pop(0)
+        ids, cut = self._fit(lambda o: self.single_text(turn, o, actions_left, ()), observation,
+                             width)
+        return ids, cut or bool(history)
 
     def later_ids(self, turn: int, reward: float, observation: str, actions_left: int,
                   ) -> tuple[list[int], bool]:
@@ -149,10 +182,28 @@ def build_host_text(tokenizer: Any, env: Any, config: RolloutConfig, *,
         table=_token_bytes(tokenizer), max_tokens=config.announced_tokens,
         max_actions_per_turn=config.max_actions_per_turn, first_width=0, later_width=0,
         max_reply_bytes=max_reply_bytes)
+    room = int(env.observation_tokens) + _SLACK
     if widths is None:
-        room = int(env.observation_tokens) + _SLACK
         left = config.max_actions_per_traj  # the widest numbers a message shows
         widths = (len(text.encode(text.first_text("", left))) + room,
                   len(text.encode(text.later_text(config.max_turns, -MAX_REWARD, "", left)))
                   + room)
-    return dataclasses.replace(text, first_width=int(widths[0]), later_width=int(widths[1]))
+    text = dataclasses.replace(text, first_width=int(widths[0]), later_width=int(widths[1]))
+    return dataclasses.replace(text, window_width=_window_width(text, config, room))
+
+
+def _window_width(text: HostText, config: RolloutConfig, room: int) -> int:
+    """HostText.window_width: limited_multi_turn's window is the first message and
+    window_turns - 1 earlier turns (forced prefix, reply, next message); single_turn's message
+    is measured with every field at its widest, `room` tokens per observation and each earlier
+    reply's text as many tokens as the forced prefix and the reply budget (and `room` more)."""
+    earlier = config.window_turns - 1
+    per_turn = len(text.forced_prefix_ids) + config.reply_tokens
+    if config.context_window_mode == "limited_multi_turn":
+        return text.first_width + earlier * (per_turn + text.later_width)
+    if config.context_window_mode == "single_turn":
+        left = config.max_actions_per_traj
+        history = [("", "", -MAX_REWARD)] * earlier
+        fixed = len(text.encode(text.single_text(config.max_turns, "", left, history)))
+        return fixed + room + earlier * (room + per_turn + room)
+    return 0

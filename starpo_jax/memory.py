@@ -5,7 +5,7 @@
 
 A step that does not fit is killed by the operating system's OOM killer mid-run, with no
 message and nothing saved; checked after compiling and before the first step runs
-(`api.check_memory`, called by experiments/run.py), it stops with the sizes and the settings
+(`api.check_memory`, called by starpo_jax.runner.train), it stops with the sizes and the settings
 that shrink them instead; memory settings left unset are chosen against it (autofit.py).
 The plan is per device: XLA's temporaries + arguments + outputs - aliased (the state is
 donated, so its outputs alias it). On CPU every local device lives in

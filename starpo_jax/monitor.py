@@ -26,7 +26,7 @@ has climbed back half way, to (1 - drop / 2) * peak (hysteresis, so a series hov
 threshold does not fire every other step); a spike alert when g is back under its threshold;
 a skipped-update alert after a step that skipped none.
 
-RunMonitor is the run's side (experiments/run.py): alerts on the console and in alerts.jsonl,
+RunMonitor is the run's side (starpo_jax.runner.train): alerts on the console and in alerts.jsonl,
 the configured action, and the state rebuilt from metrics.jsonl when a run is resumed.
 """
 

@@ -19,6 +19,17 @@ is skipped. Only the sampled tokens are in the loss mask: not the template, env 
 Inactive rows still run through the sampler (shapes are static) but nothing of theirs is kept.
 A demonstration (`replies=`, starpo_jax.demonstrations) is this same loop with each turn's
 reply tokens supplied instead of sampled, and no model.
+
+rollout.context_window_mode = "limited_multi_turn" (RAGEN's context manager) shows the model at
+turn t only the last k = max_context_window turns: the first message as turn 1's (system,
+instructions) but with turn h = max(1, t - k + 1)'s number, budget and state, then the
+conversation from reply h on; "single_turn" shows one user message, the earlier turns h..t-1
+as the original's memory text (text/single_turn.py: their states, replies and rewards), then
+the current turn. Each turn then prefills its window into a fresh KV cache (the conversation is
+still built in a buffer, from which limited_multi_turn cuts its windows), and the Rollout holds
+one sample per turn instead of the conversation: turn t's window, forced prefix and reply at
+columns t * W .. (t + 1) * W of tokens [B, T * W] (`sample_width`), `turn_lengths` and
+`window_lengths` [B, T]. `turn_samples` makes them rows of their own for the update.
 """
 
 from __future__ import annotations
@@ -72,6 +83,12 @@ class Rollout(flax.struct.PyTreeNode):
     # [B, T] int32 GiGPO's anchor state of each turn: equal ids within a group <=> the turns
     # start from identical observations (advantages.anchor_ids); -1 for turns not taken.
     turn_anchors: jax.Array | None = None
+    # The limited context modes only (module docstring): tokens, loss_mask, turn_ids and
+    # behaviour_* hold turn t's sample at columns t * W .. (t + 1) * W. [B, T] int32 tokens of
+    # each turn's sample, and of its window (the context before the forced prefix); 0 for turns
+    # not taken. None: the rows are whole conversations.
+    turn_lengths: jax.Array | None = None
+    window_lengths: jax.Array | None = None
 
     @property
     def failure(self) -> jax.Array:
@@ -97,6 +114,55 @@ def buffer_length(codec: Codec, config: RolloutConfig) -> int:
     widths = _prompt_widths(codec)
     per_turn = len(codec.forced_prefix_ids) + config.reply_tokens
     return widths[0] + config.max_turns * per_turn + (config.max_turns - 1) * widths[1]
+
+
+def sample_width(codec: Codec, config: RolloutConfig) -> int:
+    """W of a limited context mode's turn sample: the widest window (limited_multi_turn: the
+    first message and window_turns - 1 earlier turns; single_turn: its one message), the forced
+    prefix and the reply, static."""
+    first, later = _prompt_widths(codec)
+    per_turn = len(codec.forced_prefix_ids) + config.reply_tokens
+    if config.context_window_mode == "single_turn":
+        return _single_turn_width(codec, config) + per_turn
+    return first + (config.window_turns - 1) * (per_turn + later) + per_turn
+
+
+def _single_turn_width(codec: Codec, config: RolloutConfig) -> int:
+    turns = config.max_turns
+    rows = lambda x: jnp.zeros((1, turns) + jnp.shape(x), jnp.int32)  # noqa: E731
+    symbols = jax.tree.map(rows, codec.blank_symbols())
+    zeros = jnp.zeros((1, turns), jnp.int32)
+    shape = jax.eval_shape(
+        lambda: codec.single_turn_prompt(symbols, zeros, zeros.astype(jnp.float32),
+                                         jnp.zeros((1, turns, config.reply_tokens), jnp.int32),
+                                         zeros, jnp.int32(0), jnp.int32(0),
+                                         config.window_turns - 1))
+    return shape[0].shape[-1]
+
+
+def turn_samples(out: Rollout) -> Rollout:
+    """A limited context mode's rollout [B, T * W] -> its turn samples as rows [T * B, W],
+    turn-major (row t * B + b: trajectory b's turn t). Each keeps its trajectory's per-turn and
+    per-row fields, so scores, the filter's groups and the estimators' groups (N consecutive
+    rows: one group's trajectories, at one turn) are the trajectory's; its loss mask is that
+    turn's reply. A turn not taken is a row of one pad token with no loss."""
+    b, turns = out.turn_taken.shape
+
+    def split(x: jax.Array) -> jax.Array:  # [B, T * W] -> [T * B, W]
+        return jnp.swapaxes(x.reshape(b, turns, -1), 0, 1).reshape(turns * b, -1)
+
+    def tile(x: jax.Array | None) -> jax.Array | None:
+        return None if x is None else jnp.tile(x, (turns,) + (1,) * (x.ndim - 1))
+
+    per_turn = lambda x: x.T.reshape(-1)  # noqa: E731  [B, T] -> [T * B]
+    rows = {name: split(getattr(out, name)) for name in (
+        "tokens", "loss_mask", "turn_ids", "behaviour_logp", "behaviour_entropy")}
+    others = {f.name: tile(getattr(out, f.name)) for f in dataclasses.fields(out)
+              if f.name not in rows and f.name not in (
+                  "lengths", "prompt_lengths", "turn_lengths", "window_lengths")}
+    # Length >= 1: an empty row would attend to nothing (no loss is taken on it either way).
+    return Rollout(**rows, **others, lengths=jnp.maximum(per_turn(out.turn_lengths), 1),
+                   prompt_lengths=per_turn(out.window_lengths))
 
 
 def _prompt_widths(codec: Codec) -> tuple[int, int]:
@@ -245,6 +311,13 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     p, n, turns = config.groups, config.group_size, config.max_turns
     b = p * n
     length = buffer_length(codec, config)
+    windowed = config.turn_samples
+    single = config.context_window_mode == "single_turn"
+    if single and codec.single_turn is None:
+        raise ValueError("rollout.context_window_mode = 'single_turn' needs a codec built with "
+                         "build_codec(..., single_turn=True)")
+    width = sample_width(codec, config) if windowed else length  # of the returned rows' turns
+    window = width - len(codec.forced_prefix_ids) - config.reply_tokens
     prefix = jnp.asarray(codec.forced_prefix_ids, jnp.int32)
     options = SamplingOptions(max_new_tokens=config.reply_tokens, temperature=config.temperature,
                               top_p=config.top_p, top_k=config.top_k, greedy=greedy,
@@ -260,33 +333,83 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     symbols = jax.vmap(env.render_symbols)(states)
     first_ids, first_n = codec.first_prompt(symbols, jnp.full((p,), config.max_actions_per_traj))
     cache = None
-    if model is not None:
+    if model is not None and not windowed:
         group_cache = _prefill(model, *_shard_rows((first_ids, first_n, KVCache.init(
             model.config, p, length, config.cache_dtype)), mesh))
         cache = _repeat_cache(group_cache, n)
     first_ids, first_n = jnp.repeat(first_ids, n, axis=0), jnp.repeat(first_n, n, axis=0)
     states = group_states(states, n, shared_randomness=config.shared_env_randomness)
 
+    def context(win, k, states, taken, filled, buf):
+        """A limited mode's turn k: its window [B, window] int32 and length [B], and a fresh KV
+        cache holding it. limited_multi_turn: the first message with the state turn h starts
+        from, then the conversation from reply h on (`win` carries each turn's first message
+        and reply start); single_turn: its one message (`win` carries each turn's observation,
+        budget, reply and reward)."""
+        h = jnp.maximum(k - config.window_turns + 1, 0)
+        left = config.max_actions_per_traj - taken
+        symbols = jax.vmap(env.render_symbols)(states)
+        if single:
+            win = dict(win, left=win["left"].at[:, k].set(left), symbols=jax.tree.map(
+                lambda all_, now: all_.at[:, k].set(now), win["symbols"], symbols))
+            ids, count = codec.single_turn_prompt(win["symbols"], win["left"], win["rewards"],
+                                                  win["replies"], win["reply_n"], k, h,
+                                                  config.window_turns - 1)
+        else:
+            ids, count = codec.first_prompt(symbols, left, k + 1)
+            win = dict(win, firsts=win["firsts"].at[:, k].set(ids),
+                       counts=win["counts"].at[:, k].set(count),
+                       starts=win["starts"].at[:, k].set(filled))
+            head, head_n, start = win["firsts"][:, h], win["counts"][:, h], win["starts"][:, h]
+            tail = jnp.take_along_axis(buf, jnp.minimum(start[:, None] + jnp.arange(window),
+                                                        length - 1), axis=1)
+            ids = _write(jnp.full((b, window), pad_id, jnp.int32), jnp.zeros_like(head_n),
+                         head, head_n)
+            ids = _write(ids, head_n, tail, filled - start)
+            count = head_n + filled - start
+        ids = jnp.pad(ids, ((0, 0), (0, window - ids.shape[1])), constant_values=pad_id)
+        cache = None
+        if model is not None:
+            cache = _prefill(model, ids, count, KVCache.init(model.config, b, width,
+                                                             config.cache_dtype))
+        return win, ids, count, cache
+
     def turn(carry, k):
         (cache, buf, mask, tids, blogp, bent, filled, states, active, taken, success,
-         effective, history) = carry
+         effective, history, win) = carry
         turn_key = jax.random.fold_in(sample_key, k)
+        f = prefix.shape[0]
+        if windowed:
+            win, window_ids, window_n, cache = context(win, k, states, taken, filled, buf)
         if replies is None:
             gen = generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, prefix.shape[0])),
                                 jnp.full((b,), prefix.shape[0], jnp.int32), turn_key, cache,
                                 token_bytes, options)
         else:
             gen = _supplied(replies, states, k, turn_key, config.reply_tokens, pad_id)
-        cache = gen.cache
+        cache = None if windowed else gen.cache
         kept = jnp.where(active, gen.lengths, 0)
-        f = prefix.shape[0]
         buf = _write(buf, filled, jnp.broadcast_to(prefix, (b, f)), jnp.where(active, f, 0))
         at = filled + f
         buf = _write(buf, at, gen.tokens, kept)
-        mask = _write(mask, at, jnp.ones_like(gen.tokens, bool), kept)
-        tids = _write(tids, at, jnp.full_like(gen.tokens, k), kept)
-        blogp = _write(blogp, at, gen.logprobs, kept)
-        bent = _write(bent, at, gen.entropy, kept)
+        out_at = at
+        if windowed:  # the turn's sample: its window, the forced prefix (the reply below)
+            row = k * width + jnp.zeros_like(filled)
+            samples = _write(win["tokens"], row, window_ids, jnp.where(active, window_n, 0))
+            samples = _write(samples, row + window_n, jnp.broadcast_to(prefix, (b, f)),
+                             jnp.where(active, f, 0))
+            out_at = row + window_n + f
+            win = dict(win, tokens=_write(samples, out_at, gen.tokens, kept))
+            if single:  # the reply as later prompts show it: its text, without a closing EOS
+                last = jnp.take_along_axis(gen.tokens, jnp.maximum(gen.lengths - 1, 0)[:, None],
+                                           1)[:, 0]
+                shown = gen.lengths - ((gen.lengths > 0) & (last == eos_id))
+                win = dict(win, replies=win["replies"].at[:, k].set(gen.tokens),
+                           reply_n=win["reply_n"].at[:, k].set(shown))
+        mask = _write(mask, out_at, jnp.ones_like(gen.tokens, bool), kept)
+        tids = _write(tids, out_at, jnp.full_like(gen.tokens, k), kept)
+        blogp = _write(blogp, out_at, gen.logprobs, kept)
+        bent = _write(bent, out_at, gen.entropy, kept)
         filled = jnp.where(active, at + gen.lengths, filled)
 
         reply = jnp.concatenate([jnp.broadcast_to(prefix, (b, f)), gen.tokens], axis=1)
@@ -302,6 +425,11 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         outputs = dict(reward=reward, penalty=penalty, taken=active, anchor=start_observation,
                        format_ok=parsed.format_ok & active,
                        think=jnp.where(active, parsed.think_tokens, 0), reply=kept)
+        if windowed:
+            outputs.update(window=jnp.where(active, window_n, 0),
+                           sample=jnp.where(active, window_n + f + kept, 0))
+        if single:
+            win = dict(win, rewards=win["rewards"].at[:, k].set(reward))
         going = active & ~ended & (taken < config.max_actions_per_traj)
 
         def next_message(args):
@@ -321,22 +449,45 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         cache, buf, filled = jax.lax.cond(
             jnp.any(going) & (k + 1 < turns), next_message, lambda args: args, (cache, buf, filled))
         carry = (cache, buf, mask, tids, blogp, bent, filled, states, going, taken, success,
-                 effective, history)
+                 effective, history, win)
         return _shard_rows(carry, mesh), _shard_rows(outputs, mesh)
 
     buf = _write(jnp.full((b, length), pad_id, jnp.int32), jnp.zeros((b,), jnp.int32),
                  first_ids, first_n)
     zeros_i = jnp.zeros((b,), jnp.int32)
-    zeros_f = jnp.zeros((b, length), jnp.float32)
-    init = (cache, buf, jnp.zeros((b, length), bool), jnp.full((b, length), -1, jnp.int32),
+    out_width = turns * width if windowed else length
+    zeros_f = jnp.zeros((b, out_width), jnp.float32)
+    win = None
+    if windowed:
+        first_width = first_ids.shape[1]
+        symbols_now = jax.vmap(env.render_symbols)(states)
+        win = dict(tokens=jnp.full((b, out_width), pad_id, jnp.int32))
+        if single:
+            win.update(symbols=jax.tree.map(lambda x: jnp.zeros((b, turns) + x.shape[1:], x.dtype),
+                                            symbols_now),
+                       left=jnp.zeros((b, turns), jnp.int32),
+                       rewards=jnp.zeros((b, turns), jnp.float32),
+                       replies=jnp.full((b, turns, config.reply_tokens), pad_id, jnp.int32),
+                       reply_n=jnp.zeros((b, turns), jnp.int32))
+        else:
+            win.update(firsts=jnp.full((b, turns, first_width), pad_id, jnp.int32),
+                       counts=jnp.zeros((b, turns), jnp.int32),
+                       starts=jnp.zeros((b, turns), jnp.int32))
+    init = (cache, buf, jnp.zeros((b, out_width), bool), jnp.full((b, out_width), -1, jnp.int32),
             zeros_f, zeros_f, first_n, states, jnp.ones((b,), bool), zeros_i,
             jnp.zeros((b,), bool), zeros_i,
-            LoopHistory.start(jax.vmap(env.fingerprint)(states), config.max_actions_per_traj))
+            LoopHistory.start(jax.vmap(env.fingerprint)(states), config.max_actions_per_traj),
+            win)
     carry, per_turn = jax.lax.scan(turn, _shard_rows(init, mesh), jnp.arange(turns))
-    _, buf, mask, tids, blogp, bent, filled, states, _, taken, success, effective, history = carry
+    (_, buf, mask, tids, blogp, bent, filled, states, _, taken, success, effective, history,
+     win) = carry
     observations = jnp.moveaxis(per_turn.pop("anchor"), 0, 1)  # [B, T, S]
     per_turn = jax.tree.map(lambda x: x.T, per_turn)  # [T, B] -> [B, T]
-    return Rollout(tokens=buf, lengths=filled, prompt_lengths=first_n, loss_mask=mask,
+    rows = dict(tokens=buf, lengths=filled)
+    if windowed:
+        rows = dict(tokens=win["tokens"], lengths=per_turn["sample"].sum(-1),
+                    turn_lengths=per_turn["sample"], window_lengths=per_turn["window"])
+    return Rollout(**rows, prompt_lengths=first_n, loss_mask=mask,
                    turn_ids=tids, behaviour_logp=blogp, behaviour_entropy=bent,
                    turn_rewards=per_turn["reward"], format_penalties=per_turn["penalty"],
                    turn_taken=per_turn["taken"], format_ok=per_turn["format_ok"],

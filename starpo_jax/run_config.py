@@ -24,7 +24,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ml_collections import config_dict
 
@@ -424,6 +424,19 @@ def read_run_config(workdir: str | Path) -> tuple[ConfigDict, dict[str, Any] | N
                 config[section][name] = chosen[f"{section}.{name}"]
     check_config(config)  # the chosen values are valid knob values too
     return config, record
+
+
+def evaluated_config(workdir: str | Path, overrides: Mapping[str, Any]) -> ConfigDict:
+    """The run's config (read_run_config) with `overrides` ({"eval.episodes": 32, ...})
+    applied and checked (check_config: without JAX; api.build checks it whole): what
+    experiments/evaluate.py evaluates a run's checkpoint with."""
+    foreign = sorted(k for k in overrides if not k.startswith("eval."))
+    if foreign:
+        raise ValueError(f"only eval.* keys may be overridden when evaluating a run; got {foreign}")
+    config, _ = read_run_config(workdir)
+    config.eval.update({key.split(".", 1)[1]: value for key, value in overrides.items()})
+    check_config(config)
+    return config
 
 
 def _registry_loaded() -> bool:

@@ -14,7 +14,9 @@ token-mean cross-entropy of the reply tokens (the loss mask), through the train 
 every weight, optim.actor_lr with AdamW). Evaluations (eval_every) report the Evaluator's
 held-out success and valid-reply rate (`action_is_valid`) and `val/sft/heldout/loss`: the loss
 on held-out demonstrations (the evaluator's held-out initial states) or on the file's last
-`sft.heldout` fraction. experiments/sft.py runs it with run.py's loop: metrics.jsonl,
+`sft.heldout` fraction. A host env (envs_host) trains on `sft.data` only, e.g. transcripts of
+demonstrations.host_demonstrate (a policy of the observation text), and is evaluated on its
+host rollouts. experiments/sft.py runs it with run.py's loop: metrics.jsonl,
 TensorBoard, checkpoints, --resume, the same faults.
 
 A StarPO run starts from the result with `model.init_from = <the SFT workdir>`
@@ -40,6 +42,8 @@ from starpo_jax.demonstrations import (TokenizedRows, build_reply_encoder, demon
                                        read_jsonl, tokenize_conversations, transcripts,
                                        write_jsonl)
 from starpo_jax.evaluation import EvalResult, heldout_keys
+from starpo_jax.host_rollout import host_buffer_length
+from starpo_jax.host_text import HostText
 from starpo_jax.models.lora import adapted_config, merged_params
 from starpo_jax.policies import POLICY_NAMES, Policy, make_policy
 from starpo_jax.rollout import buffer_length
@@ -99,9 +103,11 @@ def split_config(config: ConfigDict) -> tuple[ConfigDict, ConfigDict]:
                       and w >= 0, "an int >= 0")
     run = api.merged_config(values)
     api.train_config(run)
-    if run.env.name in envs_host.names():
+    if run.env.name in envs_host.names() and (not data or w):
         raise ValueError(f"config.env.name = {run.env.name!r} is a host env; valid for SFT: "
-                         f"a JAX env, one of {envs_jax.names()}")
+                         f"a JAX env, one of {envs_jax.names()}, or a host env with sft.data (a"
+                         " JSONL file of its transcripts, demonstrations.host_demonstrate) and "
+                         "sft.write_demos = 0")
     return run, ConfigDict(section)
 
 
@@ -181,9 +187,10 @@ class SftExperiment(api.Experiment):
 
 
 def _fns(exp: SftExperiment, train):
-    return make_train_fns(train, exp.env, exp.codec, model=exp.model,
-                          eos_id=exp.tokenizer.eos_token_id, pad_id=exp.tokenizer.pad_token_id,
-                          mesh=exp.mesh)
+    host = isinstance(exp.codec, HostText)  # no compiled rollout, no static prompt width
+    return make_train_fns(train, None if host else exp.env, None if host else exp.codec,
+                          model=exp.model, eos_id=exp.tokenizer.eos_token_id,
+                          pad_id=exp.tokenizer.pad_token_id, mesh=exp.mesh)
 
 
 def _sft_step(exp: SftExperiment, train) -> Callable:
@@ -215,6 +222,8 @@ def build(config: ConfigDict) -> SftExperiment:
     first call). Raises ValueError naming a bad key, value, policy or file line."""
     run, section = split_config(config)
     base = api.build(run)
+    if hasattr(base.train_step, "close"):  # a host env's RL step: its env pool is not used
+        base.train_step.close()
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(api.Experiment)}
     fields.update(config=_joined(run, section), train_step=None, _steps={})
     exp = SftExperiment(**fields, sft=section)
@@ -223,8 +232,10 @@ def build(config: ConfigDict) -> SftExperiment:
         conversations = read_jsonl(section.data)
         count = len(conversations)
         held = min(max(round(count * section.heldout), 1), count - 1) if section.heldout else 0
+        length = (host_buffer_length(exp.codec, r) if isinstance(exp.codec, HostText)
+                  else buffer_length(exp.codec, r))
         rows = tokenize_conversations(
-            exp.tokenizer, conversations, length=buffer_length(exp.codec, r),
+            exp.tokenizer, conversations, length=length,
             pad_id=exp.tokenizer.pad_token_id, skip_prefix=exp.codec.template.forced_prefix,
             max_reply_tokens=r.max_turns * r.reply_tokens)
         exp.data = jax.tree.map(lambda x: x[: count - held], rows)

@@ -58,7 +58,7 @@ from starpo_jax.models.lora import (adapted, base_config, fresh_trainable, joine
                                     policy_structure, split_trainable, trainable_split)
 from starpo_jax.models.sampler_weights import sampler_graphdef, sampler_params
 from starpo_jax.phases import PhaseClock, mark
-from starpo_jax.rollout import Rollout, _prompt_widths, chunked_rollout
+from starpo_jax.rollout import Rollout, _prompt_widths, chunked_rollout, turn_samples
 from starpo_jax.shared_prefix import (aligned_slots, group_sorted, plan_for, shared_logprobs,
                                       shared_values, slice_plans)
 from starpo_jax.sharding import constrain_batch, gather_for_compute
@@ -251,14 +251,15 @@ def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
     """Statistics of the whole rollout and of its kept rows (the original's names, and
     rollout/anchor_share: GiGPO's share of taken turns whose start state another turn of the
     group shares)."""
-    kept, selection = batch.rollout, batch.selection
+    selection = batch.selection
     group = out.success.shape[0] // selection.group_std.shape[0]  # rollout.group_size
     reward = out.scores_without_penalty
-    # The groups really kept (a variable-count strategy keeps fewer than the static bound).
-    really = jnp.repeat(selection.kept, kept.lengths.shape[0] // selection.kept.shape[0])
-    kept_reward_mean = _mean(kept.scores_without_penalty, really)
-    kept_reward_std = jnp.sqrt(_mean(jnp.square(kept.scores_without_penalty - kept_reward_mean),
-                                     really))
+    # The kept trajectories' rewards (batch.rollout's rows may be their turn samples), and the
+    # groups really kept (a variable-count strategy keeps fewer than the static bound).
+    kept = gather_group_rows(reward, selection.indices, group)
+    really = jnp.repeat(selection.kept, group)
+    kept_reward_mean = _mean(kept, really)
+    kept_reward_std = jnp.sqrt(_mean(jnp.square(kept - kept_reward_mean), really))
     turns = out.turn_taken.sum(-1)
     steps = out.num_actions
     return {
@@ -292,9 +293,11 @@ def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
 def shared_width(config: TrainConfig, codec: Codec | None,
                  mesh: jax.sharding.Mesh | None) -> int | None:
     """The width of the first prompt the update's forwards compute once per group, or None
-    (every row whole): a host rollout (no codec) has no static first-prompt width, and over a
-    mesh the rows run whole (the packed shared-prefix forward is one row: it would not split)."""
-    if config.optim.shared_prefix and codec is not None and mesh is None:
+    (every row whole): a host rollout (no codec) has no static first-prompt width, over a
+    mesh the rows run whole (the packed shared-prefix forward is one row: it would not split),
+    and turn samples (the limited context modes) share no first prompt."""
+    if (config.optim.shared_prefix and codec is not None and mesh is None
+            and not config.rollout.turn_samples):  # a turn sample's window is its own
         return _prompt_widths(codec)[0]
     return None
 
@@ -331,7 +334,9 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
     # Weights gathered for each forward (stored sharded); the rows split instead.
     gather = lambda params: gather_for_compute(params, model, mesh)  # noqa: E731
 
-    slots = config.rollout.max_turns * config.rollout.reply_tokens
+    # Reply tokens a row holds at most: a turn sample holds one turn's.
+    slots = config.rollout.reply_tokens * (1 if config.rollout.turn_samples
+                                           else config.rollout.max_turns)
     chunk = min(opt.logit_chunk, slots)
     temperature = config.rollout.temperature
     # The plans of the shared-prefix forward over prepare's and update's row slices (None: per
@@ -461,8 +466,10 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec, *, model: Decode
         selection = filter_selection(out, config)
         kept = gather_group_rows(out, selection.indices, group)
         # Groups not really kept stay in the static batch but out of every loss and statistic.
-        kept = constrain(kept.replace(
-            loss_mask=kept.loss_mask & jnp.repeat(selection.kept, group)[:, None]))
+        kept = kept.replace(loss_mask=kept.loss_mask & jnp.repeat(selection.kept, group)[:, None])
+        if config.rollout.turn_samples:  # the kept trajectories' turn samples, as rows
+            kept = turn_samples(kept)
+        kept = constrain(kept)
         if cfg.loss.kl_coef > 0 and ref_logp is None:
             # The barrier also holds back `kept`, so the forwards below come after this mark.
             ref_logp, kept = mark(phase_clock, "reference_logprobs",

@@ -146,11 +146,11 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
+def flat_keys(tree: dict, prefix: str = "") -> dict:
     """{"filter": {"keep_ratio": 0.25}} -> {"filter.keep_ratio": 0.25}."""
     out = {}
     for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict)
+        out.update(flat_keys(value, f"{prefix}{key}.") if isinstance(value, dict)
                    else {prefix + key: value})
     return out
 
@@ -172,7 +172,7 @@ def check_config(path: Path, config: dict, resume: bool, resumable: tuple[str, .
     except ValueError as error:
         raise RunFault(f"{path} is not a run config ({error}): was it edited by hand or cut "
                        "short? Restore it, or pass another --workdir") from None
-    saved, config = _flat(saved), _flat(config)
+    saved, config = flat_keys(saved), flat_keys(config)
     free = lambda key: any(key == r or key.startswith(r + ".") for r in resumable)  # noqa: E731
     missing = object()
     changed = sorted(k for k in set(saved) | set(config)

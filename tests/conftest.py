@@ -83,7 +83,7 @@ def _optimized_when_marked(request, monkeypatch):
 @pytest.fixture(scope="session")
 def smollm2_tok():
     """The embedded SmolLM2 tokenizer (also tiny-random's)."""
-    from starpo_jax.text.testing import smollm2_tokenizer
+    from helpers.text_testing import smollm2_tokenizer
 
     return smollm2_tokenizer()
 
@@ -93,7 +93,7 @@ def qwen_style_tok():
     """A Qwen2-style byte-level BPE trained on the grids and instructions of every registered
     env."""
     import envs_jax
-    from starpo_jax.text.testing import qwen_style_tokenizer
+    from helpers.text_testing import qwen_style_tokenizer
 
     envs = [envs_jax.make(name) for name in envs_jax.names()]
     return qwen_style_tokenizer(

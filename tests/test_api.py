@@ -4,7 +4,6 @@ deterministically with the metric names users rely on."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import re
@@ -18,30 +17,9 @@ import pytest  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
 from starpo_jax.config import FilterConfig, LossConfig, RolloutConfig, TrainConfig  # noqa: E402
+from helpers.tiny import ISSUE_METRICS, tiny_config, tiny_experiment  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
-SHORT_TURN = "Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens."
-ISSUE_METRICS = ("train/success", "rollout/reward_std", "actor/entropy", "actor/grad_norm")
-
-
-def tiny_config():
-    """Bandit, GRPO, tiny-random, 2 x 2 rows, 4-token nothink replies, a short prompt."""
-    c = api.config_for("bandit", "grpo", groups=2, group_size=2, max_turns=1, reply_tokens=4)
-    c.model.source = "tiny-random"
-    c.nothink = True
-    c.prompt.update(system="", intro="", turn=SHORT_TURN, verify=20)
-    c.optim.actor_lr = 1e-3
-    c.checkpoint_every = 1
-    c.steps, c.eval_every, c.sample_every = 30, 0, 0
-    return c
-
-
-@functools.cache
-def tiny_experiment() -> api.Experiment:
-    """Built (and its step compiled) once per process; tests reset its state."""
-    return api.build(tiny_config())
-
-
 def _with(path: str, value):
     config = tiny_config().to_dict()
     *sections, key = path.split(".")
@@ -184,7 +162,7 @@ def test_bad_env_setting_names_the_key(key, value, expected):
 def test_codec_announces_the_env_setting_not_the_budget():
     """api's codec states announced_tokens as the "Max response length" and the trajectory's
     action budget in "You can make up to N actions"; reply_tokens stays the budget."""
-    from starpo_jax.text.testing import smollm2_tokenizer
+    from helpers.text_testing import smollm2_tokenizer
 
     c = api.config_for("frozen_lake", "grpo", reply_tokens=9, max_actions_per_traj=8)
     c.prompt.verify = 1

@@ -13,7 +13,7 @@ from starpo_jax import api, autofit  # noqa: E402
 from starpo_jax.autofit import MARGIN, Settings, StepShape  # noqa: E402
 from starpo_jax.config import FilterConfig, RolloutConfig, TrainConfig  # noqa: E402
 from starpo_jax.memory import GIB  # noqa: E402
-from test_api import tiny_config  # noqa: E402
+from helpers.tiny import tiny_config  # noqa: E402
 from test_flops import SMOLLM2  # noqa: E402
 
 # 4 groups x 4 rows, half the groups kept: one mini-batch of 8 rows; a first prompt of 512 of

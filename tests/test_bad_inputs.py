@@ -24,16 +24,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 from absl import flags  # noqa: E402
 
-from starpo_jax import api  # noqa: E402
-from starpo_jax import sweep as sweep_lib  # noqa: E402
-from test_api import tiny_config  # noqa: E402
+from starpo_jax import api, runner, sweep as sweep_lib, sweep_runner  # noqa: E402
 from starpo_jax.models.embedded import embedded_gguf_path  # noqa: E402
+from helpers.scripts import script  # noqa: E402
+from helpers.tiny import tiny_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import evaluate  # noqa: E402
-import run  # noqa: E402
-import sweep  # noqa: E402
 
 CONFIG_NAMES = "bandit_grpo.py"  # part of the "what is valid" of a missing config file
 
@@ -90,7 +86,7 @@ def _run_main(argv: list[str]) -> tuple[int, str]:
     sys.argv = ["run.py", *argv]
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            run.main()
+            script("run")["main"]()
     except SystemExit as exit_:
         if isinstance(exit_.code, str):  # sys.exit("error: ...") prints it and exits 1
             err.write(exit_.code + "\n")
@@ -249,7 +245,7 @@ def test_evaluate_rejects(tmp_path, setup, overrides, expected):
         (tmp_path / "checkpoints").mkdir()
     before = sorted(tmp_path.rglob("*"))
     with pytest.raises((ValueError, FileNotFoundError)) as error:
-        evaluate.evaluate_workdir(workdir, None, overrides)
+        runner.evaluate_workdir(workdir, None, overrides)
     line = _error_line(error.value)
     for text in expected:
         assert text in line, line
@@ -275,7 +271,7 @@ def test_sweep_rejects(tmp_path, grid, seeds, expected):
         raise AssertionError("built before every setting was checked")
 
     with pytest.raises(ValueError) as error:
-        sweep.sweep(tiny_config(), grid, sweep_lib.parse_seeds(seeds), tmp_path,
+        sweep_runner.sweep(tiny_config(), grid, sweep_lib.parse_seeds(seeds), tmp_path,
                     build=never_build)
     line = _error_line(error.value)
     for text in expected:

@@ -24,7 +24,7 @@ from starpo_jax.config import CollapseConfig, RolloutConfig, TrainConfig  # noqa
 from starpo_jax.models import embedded, load_pretrained  # noqa: E402
 from starpo_jax.rollout import rollout  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
-from test_api import tiny_config  # noqa: E402
+from helpers.tiny import tiny_config  # noqa: E402
 from test_rollout import tiny_bandit_setup  # noqa: E402
 
 TEMPERATURE = 0.7

@@ -1,6 +1,6 @@
 """Evaluation: held-out initial states, greedy determinism, metrics against a numpy reference,
 the OOD envs, readable conversations, the eval config section, experiments/evaluate.py on a
-run's workdir, and run.train's periodic evaluation and sample files."""
+run's workdir, and runner.train's periodic evaluation and sample files."""
 
 from __future__ import annotations
 
@@ -20,18 +20,15 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import envs_jax  # noqa: E402
-from starpo_jax import api  # noqa: E402
+from starpo_jax import api, run_config, runner  # noqa: E402
 from starpo_jax.evaluation import (REPLY_CLOSE, REPLY_OPEN, EvalConfig, EvalResult,  # noqa: E402
                                    Evaluator, eval_metrics, format_conversation, pass_at_k)
 from starpo_jax.failures import FAILURE_KINDS  # noqa: E402
 from starpo_jax.rollout import Rollout  # noqa: E402
-from test_api import tiny_config, tiny_experiment  # noqa: E402
+from helpers.tiny import tiny_config, tiny_experiment  # noqa: E402
 from test_failures import reference_failure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import evaluate  # noqa: E402
-import run  # noqa: E402
 
 EPISODES, K = 3, 2
 NAMES = ("success", "reward", "num_turns", "num_actions", "action_is_valid", "response_length",
@@ -243,7 +240,7 @@ def test_eval_envs(env, envs, expected):
 
 
 def _nudge(state, key):
-    """Stands in for the compiled train step (run.train's evaluation schedule is under test, not
+    """Stands in for the compiled train step (runner.train's evaluation schedule is under test, not
     training): scales the float weights so that each checkpoint holds other parameters."""
     nudged = jax.tree.map(lambda x: (x * 1.01).astype(x.dtype)
                           if jnp.issubdtype(x.dtype, jnp.floating) else x, state.actor)
@@ -256,7 +253,7 @@ def _trained_workdir(tmp: Path, steps: int, **top) -> api.Experiment:
                      samples=1)
     exp = dataclasses.replace(exp, train_step=_nudge)
     exp.config.update(dict(steps=steps, **top))
-    assert run.train(exp, tmp) == steps
+    assert runner.train(exp, tmp) == steps
     return exp
 
 
@@ -278,12 +275,12 @@ def test_run_evaluates_every_k_steps_and_at_the_end_and_writes_samples(tmp_path)
 
 def test_evaluate_command_restores_a_checkpoint_prints_and_writes(tmp_path, capsys):
     exp = _trained_workdir(tmp_path, 2)
-    config = evaluate.run_config(tmp_path, {"eval.samples": 2})
+    config = run_config.evaluated_config(tmp_path, {"eval.samples": 2})
     assert api.train_config(config) == exp.train and api.eval_config(config) == dataclasses.replace(
         api.eval_config(exp.config), samples=2)
     # evaluate_workdir = run_config + api.build + evaluate_experiment; the experiment built here
     # already (same env object) reuses the compiled eval program.
-    step, metrics = evaluate.evaluate_experiment(_with_eval(exp, samples=2), tmp_path)
+    step, metrics = runner.evaluate_experiment(_with_eval(exp, samples=2), tmp_path)
     assert step == 2
     written = json.loads((tmp_path / "eval_step_2.json").read_text())
     assert written["step"] == 2 and written["eval"]["samples"] == 2
@@ -295,11 +292,11 @@ def test_evaluate_command_restores_a_checkpoint_prints_and_writes(tmp_path, caps
     assert (tmp_path / "samples" / "eval_step_000002.txt").read_text().count("=== row ") == 2
     assert metrics == api.build_evaluator(exp).evaluate(exp.state.actor).metrics, "step 2's"
     with pytest.raises(ValueError, match=r"no checkpoint of step 7; saved steps: \[1, 2\]"):
-        evaluate.evaluate_experiment(exp, tmp_path, step=7)
+        runner.evaluate_experiment(exp, tmp_path, step=7)
     with pytest.raises(ValueError, match=r"only eval.\* keys .*\['seed'\]"):
-        evaluate.run_config(tmp_path, {"seed": 3})
+        run_config.evaluated_config(tmp_path, {"seed": 3})
     with pytest.raises(FileNotFoundError, match="expected the --workdir of a run"):
-        evaluate.evaluate_workdir(tmp_path / "nothing")
+        runner.evaluate_workdir(tmp_path / "nothing")
 
 
 def test_evaluate_command_line_names_mistakes(tmp_path):

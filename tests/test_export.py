@@ -22,18 +22,17 @@ import torch  # noqa: E402
 from flax import nnx, traverse_util  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from starpo_jax import api  # noqa: E402
+from starpo_jax import api, run_export  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.models import Decoder, ModelConfig, load_pretrained  # noqa: E402
 from starpo_jax.models.embedded import tiny_random_config  # noqa: E402
 from starpo_jax.models.export import parse_size, save_pretrained  # noqa: E402
 from starpo_jax.models.params import read_safetensors  # noqa: E402
 from starpo_jax.train import init_train_state  # noqa: E402
-from test_api import tiny_config  # noqa: E402
+from helpers.scripts import script  # noqa: E402
+from helpers.tiny import tiny_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import export as export_script  # noqa: E402
 
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -298,7 +297,7 @@ def test_export_run_writes_the_checkpoint_actor(tmp_path, run_workdir, step):
     workdir, actors, initial = run_workdir
     assert not np.array_equal(_flat(actors[2])["embed"], _flat(initial)["embed"])
     argv = ["--workdir", str(workdir), "--out", str(tmp_path / "out")]
-    export_script.main(argv + ([] if step is None else ["--step", str(step)]))
+    script("export")["main"](argv + ([] if step is None else ["--step", str(step)]))
     loaded, _ = load_pretrained(tmp_path / "out")
     _assert_same_weights(loaded, actors[5 if step is None else step])
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.tie_word_embeddings
@@ -313,7 +312,7 @@ def test_export_run_from_a_hugging_face_source(tmp_path, tokenizer):
                              generation_config=defaults)
     (tmp_path / "run").mkdir()
     actors, _ = _make_workdir(tmp_path / "run", str(source), (1,))
-    assert export_script.export_run(tmp_path / "run", tmp_path / "out") == (1, tmp_path / "out")
+    assert run_export.export_run(tmp_path / "run", tmp_path / "out") == (1, tmp_path / "out")
     _assert_same_weights(load_pretrained(tmp_path / "out")[0], actors[1])
     generation = json.loads((tmp_path / "out" / "generation_config.json").read_text())
     assert {k: generation[k] for k in defaults} == defaults
@@ -337,7 +336,7 @@ def test_export_run_errors(tmp_path, run_workdir, case, error, message):
     if case == "out exists":
         out = _bad_out(tmp_path)
     with pytest.raises(error, match=re.escape(message)):
-        export_script.export_run(workdir, out, step=3 if case == "missing step" else None)
+        run_export.export_run(workdir, out, step=3 if case == "missing step" else None)
     assert not (workdir / "checkpoints").exists() or case in ("missing step", "out exists")
     assert not (tmp_path / "out").exists() or case == "out exists"
 

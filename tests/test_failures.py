@@ -212,7 +212,7 @@ def test_a_format_broken_turn_is_a_format_failure_unless_something_decided_more(
 
 
 def test_tiny_model_evaluation_logs_fractions_that_sum_to_one():
-    from test_api import tiny_experiment
+    from helpers.tiny import tiny_experiment
     from test_evaluation import _with_eval
 
     from starpo_jax import api
@@ -232,7 +232,7 @@ def test_tiny_model_evaluation_logs_fractions_that_sum_to_one():
 
 
 def test_a_training_step_logs_the_fractions():
-    from test_api import tiny_experiment
+    from helpers.tiny import tiny_experiment
     from test_evaluation import _with_eval
 
     metrics = _with_eval(tiny_experiment()).step()

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import re
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,17 +23,15 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import pytest  # noqa: E402
 
+from starpo_jax import runner  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.logging import JsonlWriter  # noqa: E402
 from starpo_jax.monitor import CollapseMonitor, MonitorConfig  # noqa: E402
 from starpo_jax.train import apply_if, make_train_step  # noqa: E402
 from starpo_jax.workdir import RunFault, WorkdirLock, check_free_space  # noqa: E402
-from test_api import tiny_experiment  # noqa: E402
+from helpers.tiny import tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import fault_kill  # noqa: E402
-import run  # noqa: E402
 
 
 def _host(tree):
@@ -113,7 +111,7 @@ def test_skipped_steps_in_a_row_save_and_stop_the_run(poisoned, tmp_path):
     poisoned.config.steps, poisoned.config.max_skipped_steps = 5, 2
     with pytest.raises(RunFault, match=r"steps 1-2 dropped their updates.*max_skipped_steps = 2."
                                        r" The checkpoint of step 2 holds .* of step 0"):
-        run.train(poisoned, tmp_path)
+        runner.train(poisoned, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["actor/skipped_updates"] for r in rows] == [1.0, 1.0]
     alerts = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
@@ -144,13 +142,13 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_stops(exp, tmp_path):
         with pytest.raises(RunFault, match=r"saving the checkpoint of step 2 in .* failed "
                                            r"\(.*File too large.*\); the newest checkpoint, "
                                            r"step 1, is kept. Free space"):
-            run.train(exp, tmp_path)
+            runner.train(exp, tmp_path)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)
         exp.train_step = compiled
     assert any(".orbax-checkpoint-tmp" in p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert run.train(exp, tmp_path, resume=True) == 3, "resumes from step 1 once there is room"
+    assert runner.train(exp, tmp_path, resume=True) == 3, "resumes from step 1 once there is room"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "2", "3"]
 
 
@@ -163,7 +161,7 @@ def test_an_unwritable_workdir_is_refused_before_training(exp, tmp_path, workdir
     exp.state = exp.fresh_state()
     with pytest.raises(RunFault, match=re.escape(reason) + ": fix its permissions or pass "
                                                             "another --workdir"):
-        run.train(exp, Path(workdir.format(tmp=tmp_path)))
+        runner.train(exp, Path(workdir.format(tmp=tmp_path)))
     assert exp.steps_done == 0
 
 
@@ -177,7 +175,7 @@ def made(exp, tmp_path_factory):
     """A workdir of 2 steps (checkpoints 1 and 2)."""
     workdir = tmp_path_factory.mktemp("made")
     exp.state, exp.config.steps = exp.fresh_state(), 2
-    run.train(exp, workdir)
+    runner.train(exp, workdir)
     return workdir
 
 
@@ -197,10 +195,10 @@ def test_a_truncated_checkpoint_is_named_with_the_way_out(exp, made, tmp_path, c
     exp.config.steps = 3
     with pytest.raises(RunFault, match=rf"checkpoint {workdir}/checkpoints/2 is damaged \(.+\): "
                                        rf"delete {workdir}/checkpoints/2 to resume from step 1"):
-        run.train(exp, workdir, resume=True)
+        runner.train(exp, workdir, resume=True)
     assert "Traceback" not in capfd.readouterr().err, "orbax's own tracebacks stay quiet"
     shutil.rmtree(workdir / "checkpoints" / "2")
-    assert run.train(exp, workdir, resume=True) == 3
+    assert runner.train(exp, workdir, resume=True) == 3
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -220,7 +218,7 @@ def test_a_hand_edited_or_missing_config_json(exp, made, tmp_path, edit, message
     else:
         path.write_text(edit(path.read_text()))
     with pytest.raises(RunFault, match=message):
-        run.train(exp, workdir, resume=True)
+        runner.train(exp, workdir, resume=True)
 
 
 def test_a_workdir_of_another_config_names_what_differs(exp, made, tmp_path):
@@ -230,7 +228,7 @@ def test_a_workdir_of_another_config_names_what_differs(exp, made, tmp_path):
         with pytest.raises(RunFault, match=r"in \['env.name', 'rollout.group_size'\]: env.name: "
                                            r"'bandit' there, 'sokoban' here; rollout.group_size: "
                                            r"2 there, 4 here"):
-            run.train(exp, workdir, resume=True)
+            runner.train(exp, workdir, resume=True)
     finally:
         exp.config.env.name, exp.config.rollout.group_size = "bandit", 2
 
@@ -246,7 +244,7 @@ def test_checkpoints_of_other_shapes_are_refused_not_loaded(exp, made, tmp_path)
     with pytest.raises(RunFault, match=r"checkpoints/9 was made by another config: actor/\S+ is "
                                        r"float32\[\d+, \d+\] in the checkpoint, float32\[\d+, \d+\]"
                                        r" in this run. Resume with the config that made it"):
-        run.train(exp, workdir, resume=True)
+        runner.train(exp, workdir, resume=True)
 
 
 def test_the_lock_is_reentrant_and_released(tmp_path):
@@ -263,16 +261,18 @@ def test_the_lock_is_reentrant_and_released(tmp_path):
     pytest.param(3, 16, "random", marks=pytest.mark.slow),  # the slow tier (README)
 ])
 def test_kill_9_at_random_moments_loses_nothing(tmp_path, kills, steps, first):
-    """Real run.py processes: an uninterrupted run, and one killed `kills` times (alternately
-    mid-save and at a random moment, starting with `first`) and resumed; a second run started
-    beside the first is refused at once. (20 kills: experiments/fault_kill.py.)"""
-    env = fault_kill.environment(tmp_path / "jax_cache")
-    reference = fault_kill.reference_run(tmp_path / "uninterrupted", steps, env)
-    records, refused, rows = fault_kill.killed_run(tmp_path / "killed", steps, kills, env,
-                                                   random.Random(0), first)
-    assert fault_kill.check(records, refused, rows, reference) == [], fault_kill.table(records)
-    assert any(k.moment == "mid-save" for k in records)
-    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    """experiments/fault_kill.py: real run.py processes, an uninterrupted run and one killed
+    `kills` times (alternately mid-save and at a random moment, starting with `first`) and
+    resumed; a second run started beside the first is refused at once. It exits 1 naming any
+    check that failed (every relaunch resumed after the newest complete checkpoint and took
+    over the lock, metrics equal to the uninterrupted run's step for step)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "fault_kill.py"), "--kills", str(kills),
+         "--steps", str(steps), "--first", first, "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{kills} kills" in done.stdout and f"{steps} steps compared" in done.stdout
+    assert "all equal" in done.stdout and "mid-save" in done.stdout
 
 
 def test_the_monitor_alerts_once_per_run_of_skipped_updates():

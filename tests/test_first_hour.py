@@ -26,24 +26,19 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from starpo_jax import api  # noqa: E402
+from starpo_jax import api, run_export, runner  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
-from test_api import tiny_experiment  # noqa: E402
+from helpers.scripts import script  # noqa: E402
+from helpers.tiny import tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import evaluate  # noqa: E402
-import export as export_script  # noqa: E402
-import run  # noqa: E402
 
-# test_api's tiny config (bandit, GRPO, tiny-random, 2 x 2 rows, a checkpoint every step),
+# helpers.tiny's tiny config (bandit, GRPO, tiny-random, 2 x 2 rows, a checkpoint every step),
 # everything else at run.py's defaults: its memory knobs are chosen and recorded. No phase
 # clock (progress_after=0): a step with host callbacks is never in JAX's compilation cache,
 # and the tiny steps never run long enough to print progress.
 CONFIG = f"""
-import sys
-sys.path.insert(0, {str(ROOT / "tests")!r})
-from test_api import tiny_config
+from helpers.tiny import tiny_config  # tests/ is on the run's PYTHONPATH
 
 
 def get_config():
@@ -53,11 +48,18 @@ def get_config():
 """
 
 
+def _env() -> dict[str, str]:
+    """run.py's environment: this process's (as the test set it), with tests/ on the
+    PYTHONPATH (the config file imports tests/helpers)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
 def _run_py(config: Path, workdir: Path, *args: str, timeout: float = 300,
             ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "experiments" / "run.py"), "--config",
                            str(config), "--workdir", str(workdir), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_env())
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +90,13 @@ def test_the_readme_sequence_on_a_workdir_run_py_made(tmp_path, config_file):
     assert config.rollout.chunks == record["settings"]["rollout.chunks"]
 
     # python experiments/evaluate.py --workdir runs/quickstart
-    step, metrics = evaluate.evaluate_workdir(workdir)
+    step, metrics = runner.evaluate_workdir(workdir)
     assert step == 1 and "val/bandit/greedy/success" in metrics
     assert json.loads((workdir / "eval_step_1.json").read_text())["metrics"] == metrics
 
     # python experiments/export.py --workdir runs/quickstart --out exported/quickstart
     out = tmp_path / "exported" / "quickstart"
-    export_script.main(["--workdir", str(workdir), "--out", str(out)])
+    script("export")["main"](["--workdir", str(workdir), "--out", str(out)])
     assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644
     assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {0o644}
     _check_greedy_tokens(workdir, out, step)
@@ -118,9 +120,9 @@ def _check_greedy_tokens(workdir: Path, out: Path, step: int, new_tokens: int = 
                            min_new_tokens=new_tokens, pad_token_id=0).numpy()
     config, _ = api.read_run_config(workdir)
     model, _ = load_pretrained(config.model.source, config.model.dtype)
-    manager, _ = export_script.checkpoint_manager(workdir)
+    manager, _ = run_export.checkpoint_manager(workdir)
     try:
-        nnx.update(model, export_script.restore_actor(manager, step, nnx.state(model)))
+        nnx.update(model, run_export.restore_actor(manager, step, nnx.state(model)))
     finally:
         manager.close()
     logits = np.asarray(nnx.jit(lambda m, x: m(x))(model, jnp.asarray(full)))
@@ -142,17 +144,17 @@ def test_a_host_env_of_the_users_own_module_trains_by_name(tmp_path, config_file
 
 
 def test_cost_lines_point_at_the_cpu_config_of_the_game():
-    assert run.cost_lines(12.0, 16, "bandit") == [
+    assert runner.cost_lines(12.0, 16, "bandit") == [
         "estimated time on this CPU: ~12 s a step, ~3 min for the 16 steps to run (autofit's "
         "step-time model of a 2-core CPU, every reply at its full token budget; evaluations not "
         "included)"]
-    long = run.cost_lines(2046.0, 200, "sokoban")
+    long = runner.cost_lines(2046.0, 200, "sokoban")
     assert long[0].startswith("estimated time on this CPU: ~34 min a step, ~4.7 days for the "
                               "200 steps to run")
     assert long[1] == ("that is far beyond a CPU session: experiments/configs/sokoban_cpu.py is "
                        "the same game sized for a CPU (python experiments/run.py --config "
                        "sokoban_cpu.py --workdir runs/sokoban_cpu); running what was asked")
-    assert "configs/quickstart.py is a run sized" in run.cost_lines(4e4, 200, "countdown")[1]
+    assert "configs/quickstart.py is a run sized" in runner.cost_lines(4e4, 200, "countdown")[1]
 
 
 def _spin(seconds: float):
@@ -179,7 +181,7 @@ def test_a_stop_is_heard_at_once_inside_a_compiled_call(capsys):
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGINT)
 
-    with run.stop_on_signals(exit=lambda code: exits.append((code, time.perf_counter()))) \
+    with runner.stop_on_signals(exit=lambda code: exits.append((code, time.perf_counter()))) \
             as stop:
         stop.step_started, stop.step_seconds = time.perf_counter(), 600.0
         sender = threading.Thread(target=send)
@@ -203,7 +205,7 @@ def test_a_second_ctrl_c_ends_a_run_at_once(tmp_path, config_file):
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "experiments" / "run.py"), "--config", str(config_file),
          "--workdir", str(workdir), "--config.steps=100000", "--config.check_memory=False"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=_env())
     try:
         lines = []
         for line in process.stdout:
@@ -258,7 +260,7 @@ def test_weights_and_biases_in_offline_mode(tmp_path, monkeypatch):
     exp.config.steps = 2
     exp.config.logging.update(wandb=True, wandb_project="first-hour", wandb_name="tiny")
     try:
-        assert run.train(exp, tmp_path / "w") == 2
+        assert runner.train(exp, tmp_path / "w") == 2
     finally:
         exp.config.logging.update(before)
         exp.config.steps = 30

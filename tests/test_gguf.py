@@ -31,7 +31,7 @@ from starpo_jax.models.gguf import (
     read_gguf_checkpoint,
     unpermute_rotary_rows,
 )
-from starpo_jax.models.hf_reference import transformers_from_gguf
+from helpers.hf_reference import transformers_from_gguf
 from starpo_jax.models.params import model_from_hf_tensors
 
 PROMPTS = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -15,12 +14,9 @@ import pytest  # noqa: E402
 
 pytest.importorskip("reasoning_gym")
 
-from starpo_jax import api, host_train  # noqa: E402
+from starpo_jax import api, host_train, runner  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import run  # noqa: E402
 
 SHORT_TURN = "Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens."
 _EXP = {}
@@ -48,7 +44,7 @@ def _metrics(workdir: Path) -> list[dict]:
 def _train(workdir: Path, steps: int, **kw) -> int:
     exp = _experiment()
     exp.config.steps = steps
-    return run.train(exp, workdir, **kw)
+    return runner.train(exp, workdir, **kw)
 
 
 def test_host_env_trains_in_run_and_resumes_exactly(tmp_path):

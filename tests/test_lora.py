@@ -7,8 +7,6 @@ import dataclasses
 import json
 import os
 import re
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -18,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from starpo_jax import api  # noqa: E402
+from starpo_jax import api, run_export  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.config import (FilterConfig, LoraConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
@@ -29,11 +27,9 @@ from starpo_jax.models.lora import (adapted, adapted_config, base_config,  # noq
                                     merged_params, split_trainable, with_lora)
 from starpo_jax.rollout import Rollout  # noqa: E402
 from starpo_jax.train import init_train_state, make_train_fns  # noqa: E402
-from test_api import tiny_config  # noqa: E402
+from helpers.tiny import tiny_config  # noqa: E402
 from test_decoder import TINY, _numpy_forward, _random_model  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-import export as export_script  # noqa: E402
 
 RANK, ALPHA = 4, 8.0  # scale alpha / rank = 2
 
@@ -273,7 +269,7 @@ def test_export_merges_the_adapters(tmp_path):
     checkpoints = Checkpoints(tmp_path / "checkpoints", every=0, keep=1)
     checkpoints.maybe_save(state.replace(actor=nnx.state(policy), step=jnp.int32(3)), force=True)
     checkpoints.close()
-    step, out = export_script.export_run(tmp_path, tmp_path / "out")
+    step, out = run_export.export_run(tmp_path, tmp_path / "out")
     assert step == 3
     assert "lora" not in (out / "config.json").read_text()
     exported, _ = load_pretrained(out)

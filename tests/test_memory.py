@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from jax._src import monitoring  # noqa: E402
 
 from starpo_jax import api, memory  # noqa: E402
-from test_api import tiny_config  # noqa: E402
+from helpers.tiny import tiny_config  # noqa: E402
 
 N = 256
 

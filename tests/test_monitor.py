@@ -1,7 +1,7 @@
 """starpo_jax.monitor on synthetic metric streams: a healthy run stays quiet; an Echo Trap
 (reward std and entropy fall while the mean reward holds) alerts at the step a plain numpy
 reference predicts, before the reward falls; a reward falling with the std does not alert;
-grad-norm spikes; once per episode; warmup; config errors. Then run.train with a scripted
+grad-norm spikes; once per episode; warmup; config errors. Then runner.train with a scripted
 Experiment: "stop" saves and stops, --resume goes on; "raise_filter" writes its suggestion."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import flax.struct
@@ -18,14 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from starpo_jax import api
+from starpo_jax import api, runner
 from starpo_jax.checkpoint import Checkpoints
 from starpo_jax.monitor import (ALERTS_FILE, GRAD_NORM, REWARD_MEAN, SUGGESTION_FILE,
                                 CollapseMonitor, MonitorConfig, suggest_keep_ratio)
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import run  # noqa: E402
 
 STD, ENTROPY = "rollout/reward_std", "actor/entropy"
 NAMES = {"reward": REWARD_MEAN, "std": STD, "entropy": ENTROPY, "grad": GRAD_NORM}
@@ -206,7 +202,7 @@ class _State(flax.struct.PyTreeNode):
 
 
 class _ScriptedExperiment:
-    """What run.train uses of an api.Experiment, stepping through scripted metrics."""
+    """What runner.train uses of an api.Experiment, stepping through scripted metrics."""
 
     sizes_its_step = False  # no compiled step to size
 
@@ -246,8 +242,8 @@ TRAP = _rows(30, std=_decay(0.4, 10, 0.85))  # alerts at step 15 (smoothing 0)
 @pytest.mark.optimized  # its time is running, not compiling (conftest)
 def test_stop_saves_stops_and_resume_goes_on(tmp_path, capsys):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    assert run.train(_ScriptedExperiment(TRAP), straight) == 30, "'warn' only logs"
-    assert run.train(_ScriptedExperiment(TRAP, action="stop"), stopped) == 15
+    assert runner.train(_ScriptedExperiment(TRAP), straight) == 30, "'warn' only logs"
+    assert runner.train(_ScriptedExperiment(TRAP, action="stop"), stopped) == 15
     out = capsys.readouterr().out
     assert "monitor: echo_trap at step 15: rollout/reward_std fell to" in out
     assert "action 'stop': saving a checkpoint and stopping" in out
@@ -258,22 +254,22 @@ def test_stop_saves_stops_and_resume_goes_on(tmp_path, capsys):
     assert (alert["step"], alert["kind"], alert["metric"]) == (15, "echo_trap", STD)
 
     resumed = _ScriptedExperiment(TRAP, action="stop")
-    assert run.train(resumed, stopped, resume=True) == 30, "the alert that stopped it is spent"
+    assert runner.train(resumed, stopped, resume=True) == 30, "the alert that stopped it is spent"
     assert _lines(stopped / "metrics.jsonl") == _lines(straight / "metrics.jsonl")
     assert _lines(stopped / ALERTS_FILE) == _lines(straight / ALERTS_FILE) == [alert]
 
 
 def test_raise_filter_stops_with_a_suggestion_to_resume_with(tmp_path, capsys):
-    assert run.train(_ScriptedExperiment(TRAP, action="raise_filter"), tmp_path) == 15
+    assert runner.train(_ScriptedExperiment(TRAP, action="raise_filter"), tmp_path) == 15
     suggestion = json.loads((tmp_path / SUGGESTION_FILE).read_text())
     assert suggestion["override"] == {"filter.keep_ratio": 0.25} and suggestion["step"] == 15
     assert "--resume --config.filter.keep_ratio=0.25 (also in" in capsys.readouterr().out
     resumed = _ScriptedExperiment(TRAP, action="raise_filter")
     resumed.config.filter.keep_ratio = 0.25  # a change --resume accepts, unlike e.g. the seed
-    assert run.train(resumed, tmp_path, resume=True) == 30
+    assert runner.train(resumed, tmp_path, resume=True) == 30
 
 
 def test_disabled_monitor_logs_nothing(tmp_path):
-    assert run.train(_ScriptedExperiment(TRAP, enabled=False, action="stop"), tmp_path) == 30
+    assert runner.train(_ScriptedExperiment(TRAP, enabled=False, action="stop"), tmp_path) == 30
     assert not any(k.startswith("monitor/") for k in _lines(tmp_path / "metrics.jsonl")[0])
     assert not (tmp_path / ALERTS_FILE).exists()

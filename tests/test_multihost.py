@@ -16,18 +16,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from starpo_jax import runner  # noqa: E402
 from starpo_jax.distributed import distributed_arguments  # noqa: E402
-from test_api import tiny_experiment  # noqa: E402
+from helpers.tiny import tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import run  # noqa: E402
 STEPS = 2
-# The tiny config of test_api (bandit, GRPO, tiny-random, groups=2 x group_size=2), 2 steps.
+# The tiny config of helpers.tiny (bandit, GRPO, tiny-random, groups=2 x group_size=2), 2 steps.
 CONFIG = f"""
-import sys
-sys.path.insert(0, {str(ROOT / "tests")!r})
-from test_api import tiny_config
+from helpers.tiny import tiny_config  # tests/ is on the run's PYTHONPATH
 
 
 def get_config():
@@ -120,12 +117,12 @@ def test_two_processes_match_one(tmp_path):
     processes = [_start(config, multi, devices=1, JAX_COORDINATOR_ADDRESS=address,
                         JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(index)) for index in range(2)]
     # Meanwhile the reference: the same config in this process, on one device (the
-    # unsharded step), through the same run.train.
+    # unsharded step), through the same runner.train.
     exp = tiny_experiment()
     steps = exp.config.steps
     try:
         exp.config.steps = STEPS
-        run.train(exp, single)
+        runner.train(exp, single)
     finally:
         exp.config.steps = steps  # shared with other modules' tests
         outputs = _finish(processes, timeout=600)

@@ -1,8 +1,8 @@
 """The reproduction report (starpo_jax/report.py) on hand-made run histories, checked against
 values computed here by hand or with numpy: the Echo-Trap half-peak step, mean ± std over seeds,
 the Table-4 before/after table, the CSV round trip, and the figures' lines and bands (inspected
-as matplotlib objects before saving). Then the suite itself (experiments/reproduce.py --suite
-tiny: tiny-random, 1 setting x 2 seeds x 2 steps, one compile: the step of tests/test_api.py's
+as matplotlib objects before saving). Then the suite itself (starpo_jax.reproduce on the tiny
+suite: tiny-random, 1 setting x 2 seeds x 2 steps, one compile: the step of tests/helpers/tiny.py's
 tiny_experiment, which other test files compile too): run directories, the log, the report, a
 re-run that skips finished runs, and an unfinished run resumed from its checkpoint with the same
 numbers."""
@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,14 +23,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from starpo_jax import report  # noqa: E402
+from starpo_jax import report, reproduce, suites  # noqa: E402
 from starpo_jax.failures import FAILURE_KINDS  # noqa: E402
+from helpers.tiny import tiny_config, tiny_experiment, tiny_suite  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import reproduce  # noqa: E402
-import suites  # noqa: E402
-from test_api import tiny_config, tiny_experiment  # noqa: E402
 
 
 def _rows(**curves) -> list[dict]:
@@ -258,8 +254,8 @@ def test_only_trains_the_named_experiments_and_refuses_unknown_names(tmp_path):
         ("bandit_std_rev", (0, 1))]
     with pytest.raises(ValueError, match="'echo'.*valid: echo_trap, multi_turn, "
                        "echo_trap_sokoban, filter_ablation, gigpo"):
-        reproduce.main(["--suite", "cpu", "--workdir", str(tmp_path), "--only", "echo"],
-                       stream=io.StringIO())
+        reproduce.reproduce(suites.cpu_suite(), "cpu", tmp_path, only=["echo"],
+                            stream=io.StringIO())
     assert not any(tmp_path.iterdir()), "nothing is trained or written"
 
 
@@ -278,19 +274,19 @@ def _without(config, *keys) -> dict:
 
 
 def _shared_build(config):
-    """api.build for the tiny suite: test_api's tiny_experiment (built and compiled once per
+    """api.build for the tiny suite: helpers.tiny's tiny_experiment (built and compiled once per
     process, by whichever test file needs it first), for the config's seed as reproduce.py
     derives it for its second seed. The suite's config must be tiny_config's: same program."""
     assert _without(config, "seed", "steps") == _without(tiny_config(), "seed", "steps")
     return reproduce.for_seed(tiny_experiment(), config)
 
 
-def _suite(workdir: Path, *flags: str) -> str:
+def _suite(workdir: Path, **options: bool) -> str:
     out = io.StringIO()
     tiny_experiment()  # built before api.build is patched (it calls it)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reproduce.api, "build", _shared_build)
-        reproduce.main(["--suite", "tiny", "--workdir", str(workdir), *flags], stream=out)
+        reproduce.reproduce(tiny_suite(), "tiny", workdir, stream=out, **options)
     return out.getvalue()
 
 
@@ -301,7 +297,7 @@ def _metrics(path: Path) -> list[dict]:
 
 @pytest.mark.slow  # the suite's own run loop end to end: the slow tier (README)
 def test_tiny_suite_runs_reports_skips_and_resumes(tmp_path):
-    first = _suite(tmp_path, "--keep-checkpoints")
+    first = _suite(tmp_path, keep_checkpoints=True)
     runs = [tmp_path / "runs" / "tiny_starpo_s" / f"seed_{s}" for s in (0, 1)]
     assert "[run 2/2] tiny_starpo_s seed 1: done in" in first
     for path in runs:
@@ -320,7 +316,7 @@ def test_tiny_suite_runs_reports_skips_and_resumes(tmp_path):
     again = _suite(tmp_path)  # nothing left to train: nothing is built
     assert "seed 0: finished earlier, skipped" in again and "seed 1: finished earlier" in again
     assert (tmp_path / "results.csv").read_text() == report.results_csv(
-        reproduce.results(suites.tiny_suite(), tmp_path))
+        reproduce.results(tiny_suite(), tmp_path))
 
     # Seed 1 cut short after step 1: the next invocation resumes it from that checkpoint and
     # gets the numbers of the run never stopped.

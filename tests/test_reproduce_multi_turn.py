@@ -1,4 +1,4 @@
-"""The suite's multi-turn machinery on the tiny multi-turn suite (experiments/suites.py's
+"""The suite's multi-turn machinery on the tiny multi-turn suite (tests/helpers/tiny.py's
 tiny_multi_turn_suite): the SFT stage first, RL seeds starting from its checkpoint, the SFT start
 as their before column, the baselines and SFT-start rows in the report, resuming."""
 
@@ -7,25 +7,22 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from starpo_jax import api, sft
+from starpo_jax import api, reproduce, sft
 from starpo_jax.checkpoint import Checkpoints
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import reproduce  # noqa: E402
-import suites  # noqa: E402
+from helpers.tiny import tiny_multi_turn_suite
 
 
-def _suite(workdir: Path, *flags: str) -> str:
+
+def _suite(workdir: Path, **options: bool) -> str:
     out = io.StringIO()
-    reproduce.main(["--suite", "tiny_multi_turn", "--workdir", str(workdir), *flags], stream=out)
+    reproduce.reproduce(tiny_multi_turn_suite(), "tiny_multi_turn", workdir, stream=out,
+                        **options)
     return out.getvalue()
 
 
@@ -40,7 +37,7 @@ def _leaves(tree) -> list[np.ndarray]:
 
 @pytest.mark.slow  # an SFT run and two RL runs of tiny-random on Sokoban: minutes of compiles
 def test_tiny_multi_turn_suite_starts_from_sft_reports_baselines_and_resumes(tmp_path):
-    first = _suite(tmp_path, "--keep-checkpoints")
+    first = _suite(tmp_path, keep_checkpoints=True)
     sft_run = tmp_path / "runs" / "sokoban_sft" / "seed_0"
     rl = [tmp_path / "runs" / "sokoban_grpo_s" / f"seed_{s}" for s in (0, 1)]
     assert first.index("[run 1/3] sokoban_sft seed 0: starting") < first.index(
@@ -57,7 +54,7 @@ def test_tiny_multi_turn_suite_starts_from_sft_reports_baselines_and_resumes(tmp
         assert "val/sokoban/sampled/success" in json.loads((path / "eval_final.json").read_text())
 
     # RL step 0 holds the SFT run's final weights (its newest checkpoint, kept).
-    setting = suites.tiny_multi_turn_suite().experiments[0].settings[0]
+    setting = tiny_multi_turn_suite().experiments[0].settings[0]
     exp = api.build(reproduce.run_config(setting, 1, tmp_path))
     sft_exp = sft.build(setting.start.config(0))
     checkpoints = Checkpoints(sft_run / "checkpoints", 0, 1)

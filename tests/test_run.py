@@ -18,14 +18,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+from starpo_jax import cli, runner  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.cli import CONFIG_DIR  # noqa: E402
 from starpo_jax.logging import ConsoleProgress, JsonlWriter, format_duration, trend_line  # noqa: E402,E501
 from starpo_jax.workdir import RunFault  # noqa: E402
-from test_api import ISSUE_METRICS, tiny_experiment  # noqa: E402
+from helpers.tiny import ISSUE_METRICS, tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import run  # noqa: E402
 
 
 def _metrics(workdir: Path) -> list[dict]:
@@ -38,7 +38,7 @@ def _metrics(workdir: Path) -> list[dict]:
 def _train(tmp: Path, steps: int, **kw) -> int:
     exp = tiny_experiment()
     exp.config.steps = steps
-    return run.train(exp, tmp, **kw)
+    return runner.train(exp, tmp, **kw)
 
 
 def test_resume_repeats_an_unstopped_run(tmp_path):
@@ -63,7 +63,7 @@ def test_workdir_guards(tmp_path):
     exp.config.seed = 1
     try:
         with pytest.raises(RunFault, match=r"differs from .* in \['seed'\]: seed: 0 there, 1 here"):
-            run.train(exp, tmp_path, resume=True)
+            runner.train(exp, tmp_path, resume=True)
     finally:
         exp.config.seed = 0
 
@@ -78,7 +78,7 @@ def test_sigterm_saves_and_stops(tmp_path):
     previous = signal.getsignal(signal.SIGTERM)
     sender = threading.Thread(target=send_when_logging_started, daemon=True)
     sender.start()
-    with run.stop_on_signals() as stop:
+    with runner.stop_on_signals() as stop:
         done = _train(tmp_path, 1000, stop=stop)
     sender.join(timeout=10)
     assert signal.getsignal(signal.SIGTERM) is previous, "the old handler is back"
@@ -126,13 +126,13 @@ def test_console_progress_ends_with_the_trend():
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--config", "bandit_ppo.py"], ["--config", str(run.CONFIG_DIR / "bandit_ppo.py")]),
-    (["--config=sokoban_grpo.py:x"], [f"--config={run.CONFIG_DIR / 'sokoban_grpo.py'}:x"]),
+    (["--config", "bandit_ppo.py"], ["--config", str(CONFIG_DIR / "bandit_ppo.py")]),
+    (["--config=sokoban_grpo.py:x"], [f"--config={CONFIG_DIR / 'sokoban_grpo.py'}:x"]),
     (["--config=missing.py"], ["--config=missing.py"]),
     (["--config.steps=3"], ["--config.steps=3"]),
 ])
 def test_bare_config_names_resolve(argv, expected):
-    assert run.resolve_config_arg(argv) == expected
+    assert cli.resolve_config_arg(argv, CONFIG_DIR) == expected
 
 
 @pytest.mark.parametrize("override, message", [

@@ -371,7 +371,7 @@ def test_embedded_smollm2_greedy_text_equals_transformers(monkeypatch):
 
     from starpo_jax.models import load_pretrained
     from starpo_jax.models.embedded import embedded_gguf_path
-    from starpo_jax.models.hf_reference import transformers_from_gguf
+    from helpers.hf_reference import transformers_from_gguf
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model, tokenizer = load_pretrained("smollm2-135m-instruct")

@@ -21,7 +21,7 @@ from flax import nnx  # noqa: E402
 import envs_jax  # noqa: E402
 from envs_jax.frozen_lake import types as fl  # noqa: E402
 from envs_jax.sokoban.solver import solve  # noqa: E402
-from starpo_jax import api, sft  # noqa: E402
+from starpo_jax import api, runner, sft  # noqa: E402
 from starpo_jax.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
 from starpo_jax.demonstrations import (build_reply_encoder, demonstrate, read_jsonl,  # noqa: E402
@@ -30,18 +30,15 @@ from starpo_jax.models.lora import merged_params  # noqa: E402
 from starpo_jax.policies import frozen_lake_values, make_policy, sokoban_distances  # noqa: E402
 from starpo_jax.rollout import group_states, rollout  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
-from test_api import SHORT_TURN, tiny_config  # noqa: E402
+from helpers.tiny import SHORT_TURN, tiny_config  # noqa: E402
 from test_rollout import REPLY_TOKENS, SHORT_TEMPLATE, _replay_row, tiny_bandit_setup  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-import evaluate  # noqa: E402
-import run  # noqa: E402
 
 
 @functools.cache
 def _grid_setup(name: str, mode: str, reply_tokens: int = 32):
     """(env, SmolLM2 tokenizer, codec, reply encoder, rollout config) of a grid env."""
-    from starpo_jax.text.testing import smollm2_tokenizer
+    from helpers.text_testing import smollm2_tokenizer
 
     tok = smollm2_tokenizer()
     env = envs_jax.make(name)
@@ -217,8 +214,8 @@ def test_random_policy_is_valid_and_bad_names_are_named():
     env = envs_jax.make("sokoban")
     with pytest.raises(ValueError, match=r"unknown policy 'greedy'; valid: random, solver"):
         make_policy("greedy", env, max_actions_per_turn=5, max_turns=5, max_actions_per_traj=10)
-    with pytest.raises(ValueError, match=r"no 'solver' policy for Countdown"):
-        make_policy("solver", envs_jax.make("countdown"), max_actions_per_turn=1, max_turns=1,
+    with pytest.raises(ValueError, match=r"no 'solver' policy for object"):
+        make_policy("solver", object(), max_actions_per_turn=1, max_turns=1,
                     max_actions_per_traj=1)
     c = sft_tiny_config()
     c.sft.policy = "oracle"
@@ -323,7 +320,7 @@ def test_rl_starts_from_the_sft_workdir(tmp_path):
     (LoRA adapters merged) into a StarPO run's model."""
     exp = tiny_sft(lora=4)
     exp.state = exp.fresh_state()
-    assert run.train(exp, tmp_path) == 3
+    assert runner.train(exp, tmp_path) == 3
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3 and "sft/loss" in json.loads(lines[0])
     config = tiny_config()
@@ -377,5 +374,5 @@ def test_sft_command_writes_a_workdir_and_resumes(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    step, metrics = evaluate.evaluate_workdir(work, None, {"eval.episodes": 2})
+    step, metrics = runner.evaluate_workdir(work, None, {"eval.episodes": 2})
     assert step == 3 and "val/frozen_lake/greedy/action_is_valid" in metrics

@@ -21,13 +21,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from starpo_jax import api  # noqa: E402
-from starpo_jax import sweep as lib  # noqa: E402
-from test_api import ISSUE_METRICS, tiny_config  # noqa: E402
+from starpo_jax import api, sweep as lib, sweep_runner  # noqa: E402
+from helpers.tiny import ISSUE_METRICS, tiny_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import sweep as cli  # noqa: E402
 
 GRID = ["filter.keep_ratio=0.5,1.0", "optim.actor_lr=0.001"]
 SEEDS = (0, 1)
@@ -65,7 +62,8 @@ def _sweep(workdir: Path, *, build=cached_build, **kw):
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(lib, "compile_batched_step", cached_compile)
-        runs = cli.sweep(base_config(), GRID, SEEDS, workdir, build=build, stream=out, **kw)
+        runs = sweep_runner.sweep(base_config(), GRID, SEEDS, workdir, build=build, stream=out,
+                                  **kw)
     return runs, out.getvalue()
 
 
@@ -77,7 +75,7 @@ def vmapped(tmp_path_factory):
 
 
 def _csv(workdir: Path) -> list[list[str]]:
-    return list(csv.reader(io.StringIO((workdir / cli.RESULTS_FILE).read_text())))
+    return list(csv.reader(io.StringIO((workdir / sweep_runner.RESULTS_FILE).read_text())))
 
 
 def test_csv_rows_and_columns(vmapped):
@@ -103,14 +101,15 @@ def test_csv_rows_and_columns(vmapped):
     assert " | built and compiled in " in lines[1]
     assert " | seeds 0,1 | step 2/2 | " in lines[-1]
     assert " | sweep ETA 0:00:00 | reward_mean=" in lines[-1]
-    summary = (workdir / cli.SUMMARY_FILE).read_text().splitlines()
+    summary = (workdir / sweep_runner.SUMMARY_FILE).read_text().splitlines()
     assert [line.split()[0] for line in summary] == ["setting", *SETTINGS]
     assert "±" in summary[1]
 
 
 def test_same_command_same_csv(vmapped, tmp_path):
     _sweep(tmp_path)
-    for name in (cli.RESULTS_FILE, cli.SUMMARY_FILE, f"runs/{SETTINGS[1]}/seed_1.json"):
+    for name in (sweep_runner.RESULTS_FILE, sweep_runner.SUMMARY_FILE,
+                 f"runs/{SETTINGS[1]}/seed_1.json"):
         assert (tmp_path / name).read_bytes() == (vmapped[0] / name).read_bytes(), name
 
 
@@ -154,7 +153,7 @@ def test_resume_skips_finished_runs(vmapped, tmp_path):
     workdir = tmp_path / "resumed"
     shutil.copytree(vmapped[0], workdir)
     shutil.rmtree(workdir / "runs" / SETTINGS[1])  # as if stopped during the second setting
-    (workdir / cli.RESULTS_FILE).unlink()
+    (workdir / sweep_runner.RESULTS_FILE).unlink()
     built = []
 
     def build(config):
@@ -164,8 +163,8 @@ def test_resume_skips_finished_runs(vmapped, tmp_path):
     _, output = _sweep(workdir, build=build)
     assert built == [1.0], "only the unfinished setting runs again"
     assert f"setting 1/2 {SETTINGS[0]}: all seeds finished earlier, skipped" in output
-    assert (workdir / cli.RESULTS_FILE).read_bytes() == \
-        (vmapped[0] / cli.RESULTS_FILE).read_bytes()
+    assert (workdir / sweep_runner.RESULTS_FILE).read_bytes() == \
+        (vmapped[0] / sweep_runner.RESULTS_FILE).read_bytes()
 
     path = workdir / "runs" / SETTINGS[0] / "seed_1.json"
     saved = json.loads(path.read_text())
@@ -198,7 +197,7 @@ def _never_build(config):
 ])
 def test_grid_mistakes_are_named(grid, message, tmp_path):
     with pytest.raises(ValueError) as error:
-        cli.sweep(base_config(), grid, SEEDS, tmp_path, build=_never_build)
+        sweep_runner.sweep(base_config(), grid, SEEDS, tmp_path, build=_never_build)
     assert message in str(error.value)
 
 
@@ -243,7 +242,7 @@ def test_command_line_names_a_mistake_before_loading(mistake, message, tmp_path)
 
 def test_config_arg_resolution():
     configs = ROOT / "experiments" / "configs"
-    assert cli.resolve_config_arg(["sweep.py", "--config", "bandit_ppo.py", "--no-vmap",
+    assert sweep_runner.resolve_config_arg(["sweep.py", "--config", "bandit_ppo.py", "--no-vmap",
                                    "--config=sokoban_grpo.py", "--config.steps=3"]) == [
         "sweep.py", "--config", str(configs / "bandit_ppo.py"), "--novmap",
         f"--config={configs / 'sokoban_grpo.py'}", "--config.steps=3"]

@@ -157,15 +157,18 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _sharded_run(tmp_path, what: str, algo: str = "ppo", **advantage) -> dict:
+def _sharded_run(tmp_path, what: str, algo: str = "ppo", rollout: dict | None = None,
+                 **advantage) -> dict:
     """_SHARDED_SCRIPT in a 4-fake-device process: `what` = "step" (the step on one device and
     on a tp=2 mesh) or "pieces" (the public pieces jitted one by one on the mesh, and the
-    step); algo and AdvantageConfig fields pick the estimator."""
+    step); algo and AdvantageConfig fields pick the estimator, `rollout` RolloutConfig fields
+    change the rollout."""
     model, tok, env, codec = tiny_bandit_setup()
     config = TrainConfig(
         algo=algo,
-        rollout=RolloutConfig(groups=2, group_size=4, max_turns=2, reply_tokens=REPLY_TOKENS,
-                              mode="nothink"),
+        rollout=RolloutConfig(**{**dict(groups=2, group_size=4, max_turns=2,
+                                        reply_tokens=REPLY_TOKENS, mode="nothink"),
+                                 **(rollout or {})}),
         filter=FilterConfig(keep_ratio=1.0),
         advantage=AdvantageConfig(**advantage),
         optim=OptimConfig(actor_lr=1e-3, minibatch_rows=4))
@@ -192,9 +195,12 @@ def _sharded_run(tmp_path, what: str, algo: str = "ppo", **advantage) -> dict:
 # 10, never on an idle machine). PJRT_NPROC widens its thread pools; the timeouts turn a hang
 # into a failure within minutes.
 @pytest.mark.serial
-@pytest.mark.parametrize("algo,advantage", [("ppo", {}), ("grpo", {"estimator": "gigpo"})])
-def test_sharded_step_equals_single_device(tmp_path, algo, advantage):
-    result = _sharded_run(tmp_path, "step", algo, **advantage)
+@pytest.mark.parametrize("algo,advantage,rollout", [
+    ("ppo", {}, None), ("grpo", {"estimator": "gigpo"}, None),
+    # Turn samples: each turn's window prefilled afresh, one training row per (row, turn).
+    ("grpo", {}, dict(context_window_mode="limited_multi_turn", max_context_window=1))])
+def test_sharded_step_equals_single_device(tmp_path, algo, advantage, rollout):
+    result = _sharded_run(tmp_path, "step", algo, rollout, **advantage)
     single, sharded = result["single"], result["sharded"]
     assert single.keys() == sharded.keys()
     for key in single:

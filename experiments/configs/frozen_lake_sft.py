@@ -1,17 +1,17 @@
 """The SFT warm start on FrozenLake (experiments/sft.py): sokoban_sft.py's shape on FrozenLake.
 
 Demonstrations by the `random` policy, NoThink, 5 turns, 10 actions, replies of up to 24
-tokens; 8 rows a step at lr 1e-4, 10 steps; 16 held-out maps evaluated greedily before and
-after. RL starts from it with --config.model.init_from=<this workdir>.
+tokens; 8 rows a step (8 initial states) at lr 2e-4, 10 steps; 16 held-out maps evaluated
+greedily before and after. RL starts from it with --config.model.init_from=<this workdir>.
 """
 
 from starpo_jax.sft import sft_config
 
-SFT_LR = 1e-4
+SFT_LR = 2e-4
 
 
 def get_config():
-    c = sft_config("frozen_lake", "random", groups=1, group_size=8, reply_tokens=24)
+    c = sft_config("frozen_lake", "random", groups=8, group_size=1, reply_tokens=24)
     c.nothink = True
     c.steps = 10
     c.optim.actor_lr = SFT_LR

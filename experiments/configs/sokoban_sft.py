@@ -2,9 +2,9 @@
 
 Demonstrations by the `random` policy (1 to 5 uniformly random moves a turn: the format, not
 the task), NoThink, the env's 5 turns and 10-action budget, replies of up to 24 tokens. Each
-step trains on one initial state x 8 demonstrations (8 rows, the first prompt computed once),
-all weights at lr 1e-4 (AdamW), rematerialised layers in 2 micro-batches, 10 steps: sized for
-a 2-core CPU. Before step 1 and after the last, 16 held-out states are evaluated greedily:
+step trains on 8 demonstrations from 8 fresh initial states (groups of one: 10 steps see 80
+levels), all weights at lr 2e-4 (AdamW), rematerialised layers in 2 micro-batches, 10 steps:
+sized for a 2-core CPU. Before step 1 and after the last, 16 held-out states are evaluated greedily:
 the valid-reply rate (action_is_valid), success and the loss on their demonstrations. RL then
 starts from it:
     python experiments/run.py --config sokoban_grpo.py --config.model.init_from=<this workdir>
@@ -12,11 +12,11 @@ starts from it:
 
 from starpo_jax.sft import sft_config
 
-SFT_LR = 1e-4
+SFT_LR = 2e-4
 
 
 def get_config():
-    c = sft_config("sokoban", "random", groups=1, group_size=8, reply_tokens=24)
+    c = sft_config("sokoban", "random", groups=8, group_size=1, reply_tokens=24)
     c.nothink = True
     c.steps = 10
     c.optim.actor_lr = SFT_LR

@@ -34,6 +34,7 @@ import numpy as np
 
 from starpo_jax.text import blocks as bk
 from starpo_jax.text.parse import ParsedReply, ReplyParser, build_parser, parse
+from starpo_jax.text.single_turn import SingleTurn, build_single_turn
 from starpo_jax.text.templates import NO_THINK, THINK, PromptTemplate, default_template, env_intro
 from starpo_jax.text.token_bytes import TokenBytes, token_byte_table
 
@@ -92,6 +93,8 @@ class Codec(flax.struct.PyTreeNode):
     slot_widths: tuple[tuple[str, int], ...] | None = flax.struct.field(
         pytree_node=False, default=None
     )
+    #: The single_turn context mode's prompt blocks (text/single_turn.py); None unless built.
+    single_turn: SingleTurn | None = None
 
     def _state(self, symbols: Any) -> dict[str, jax.Array]:
         """One row's observation slots: {"state": flat grid} or the env's own slots."""
@@ -122,10 +125,10 @@ class Codec(flax.struct.PyTreeNode):
     def _observation_row(self, symbols):
         return self.observation.encode(self._state(symbols))
 
-    def _first_row(self, symbols, actions_left):
+    def _first_row(self, symbols, actions_left, turn):
         return self.first.encode(
             {
-                "turn": bk.int_symbols(jnp.int32(1)),
+                "turn": bk.int_symbols(turn),
                 **self._state(symbols),
                 "actions_left": bk.int_symbols(actions_left),
             }
@@ -146,17 +149,23 @@ class Codec(flax.struct.PyTreeNode):
         padded), lengths [...] int32)."""
         return _over_leading(self._observation_row, self._batch_axes(symbols), symbols)
 
-    def first_prompt(self, symbols: Any, actions_left: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def first_prompt(
+        self, symbols: Any, actions_left: jax.Array, turn: jax.Array | int = 1
+    ) -> tuple[jax.Array, jax.Array]:
         """Turn 1's prompt, from the template's start to the assistant header.
 
         symbols [..., R, C] int32 (or {slot: [..., width]}), actions_left [...] int32 ->
-        (ids [..., T], lengths [...]).
+        (ids [..., T], lengths [...]). turn [...] int32: the number the turn text shows (a
+        limited context window opens with a later turn's state in this same message).
         """
+        axes = self._batch_axes(symbols)
+        actions_left = jnp.asarray(actions_left, jnp.int32)
         return _over_leading(
             self._first_row,
-            self._batch_axes(symbols),
+            axes,
             symbols,
-            jnp.asarray(actions_left, jnp.int32),
+            actions_left,
+            jnp.broadcast_to(jnp.asarray(turn, jnp.int32), jnp.shape(actions_left)),
         )
 
     def next_prompt(
@@ -174,6 +183,25 @@ class Codec(flax.struct.PyTreeNode):
             jnp.asarray(actions_left, jnp.int32),
         )
 
+    def single_turn_prompt(self, symbols: Any, actions_left: jax.Array, rewards: jax.Array,
+                           replies: jax.Array, reply_lengths: jax.Array, turn: jax.Array,
+                           first: jax.Array, most: int) -> tuple[jax.Array, jax.Array]:
+        """The single_turn mode's prompt of turn index `turn` (0-based) showing the earlier
+        turns first..turn-1 (SingleTurn.prompt), for rows [B]: symbols [B, T, R, C] (or
+        {slot: [B, T, width]}) each turn's observation, actions_left [B, T] int32, rewards
+        [B, T] float32, replies [B, T, W] int32 and reply_lengths [B, T] int32 (after the
+        forced prefix, without a closing EOS), turn and first [] int32; most (static): the
+        most earlier turns shown -> (ids [B, P] int32 (-1 padded), lengths [B] int32)."""
+        if self.single_turn is None:
+            raise ValueError("this codec was built without single_turn=True")
+
+        def row(symbols, left, rewards, replies, lengths):
+            states = jax.vmap(self._state)(symbols)
+            return self.single_turn.prompt(states, left, rewards, replies, lengths, turn, first,
+                                           most)
+
+        return jax.vmap(row)(symbols, actions_left, rewards, replies, reply_lengths)
+
     def parse_reply(self, reply_ids: jax.Array, reply_length: jax.Array) -> ParsedReply:
         """reply_ids [..., T] int32 (whole assistant text incl. the forced prefix),
         lengths [...]."""
@@ -190,6 +218,7 @@ def build_codec(
     max_tokens: int | None = None,
     max_reply_bytes: int | None = None,
     verify: int = 300,
+    single_turn: bool = False,
     **template_overrides: Any,
 ) -> Codec:
     """Host: builds and verifies a Codec for this tokenizer and env (a TextEnv).
@@ -197,9 +226,10 @@ def build_codec(
     max_actions_per_turn: actions the parser keeps from a reply; max_actions_per_traj: the
     prompt's "You can make up to N actions"; max_tokens: the "Max response length" it announces
     (not the generation budget). None takes the env's `settings` (max_tokens: its
-    announced_tokens). template_overrides replace fields of `default_template(mode)` (e.g.
-    system=..., turn=...). Raises ValueError, naming the symbol or slot, if a rendering cannot be
-    made exact.
+    announced_tokens). single_turn: also build the single_turn context mode's prompt blocks
+    (rollout.context_window_mode). template_overrides replace fields of
+    `default_template(mode)` (e.g. system=..., turn=...). Raises ValueError, naming the symbol
+    or slot, if a rendering cannot be made exact.
     """
     if mode not in (THINK, NO_THINK):
         raise ValueError(f"unknown mode {mode!r}; valid: {THINK!r}, {NO_THINK!r}")
@@ -269,6 +299,10 @@ def build_codec(
         action_parser=env.parse_action if free else None,
         action_bytes=env.action_bytes if free else 0,
     )
+    single = None
+    if single_turn:
+        single = build_single_turn(tokenizer, template, chat, intro, state,
+                                   template.forced_prefix, max_tokens, _split, verify)
     return Codec(
         observation=observation,
         first=first,
@@ -280,6 +314,7 @@ def build_codec(
         grid_shape=(rows, cols),
         newline_id=newline,
         slot_widths=tuple((s.name, s.width) for s in env.slots) if free else None,
+        single_turn=single,
     )
 
 

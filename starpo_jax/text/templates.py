@@ -79,6 +79,14 @@ class PromptTemplate:
         "Max response length: {max_tokens} words (tokens).\n"
     )
     reward: str = "Reward:\n{reward}\n"
+    # single_turn context mode: the current turn's text (the original's memory format), after
+    # the history (`single_turn_user`); same fields as `turn`.
+    single_turn: str = (
+        "(Turn {turn}):\nState:\n{state}\nYou have {actions_left} actions left. Always output: "
+        + _FORMAT_RULE[THINK]
+        + " with no extra text. Strictly follow this format. "
+        "Max response length: {max_tokens} words (tokens).\n"
+    )
     forced_prefix: str = "<think>"
     action_sep: str = "||"
     think: bool = True
@@ -89,6 +97,7 @@ class PromptTemplate:
             "legend_line": (_INTRO_FIELDS - {"legend_line", "actions_line"}, set()),
             "actions_line": (_INTRO_FIELDS - {"legend_line", "actions_line"}, set()),
             "turn": ({"max_tokens"}, {"turn", "state", "actions_left"}),
+            "single_turn": ({"max_tokens"}, {"turn", "state", "actions_left"}),
             "reward": (set(), {"reward"}),
             "system": (set(), set()),
         }
@@ -118,8 +127,10 @@ def default_template(mode: str = THINK) -> PromptTemplate:
     if mode == THINK:
         return PromptTemplate()
     if mode == NO_THINK:
-        turn = PromptTemplate.turn.replace(_FORMAT_RULE[THINK], _FORMAT_RULE[NO_THINK])
-        return PromptTemplate(turn=turn, forced_prefix="<answer>", think=False)
+        swap = lambda text: text.replace(_FORMAT_RULE[THINK], _FORMAT_RULE[NO_THINK])  # noqa: E731
+        return PromptTemplate(turn=swap(PromptTemplate.turn),
+                              single_turn=swap(PromptTemplate.single_turn),
+                              forced_prefix="<answer>", think=False)
     raise ValueError(f"unknown mode {mode!r}; valid: {THINK!r}, {NO_THINK!r}")
 
 
@@ -187,11 +198,46 @@ def user_message(
     max_tokens: int,
     previous_reward: float | None,
 ) -> str:
-    """User message of turn `turn` (1-based): the intro on turn 1, else the previous reward."""
-    head = intro if turn == 1 else template.reward.format(reward=format_reward(previous_reward))
+    """User message of turn `turn` (1-based): the previous reward, or the intro when there is
+    none (turn 1, or a limited context window's first turn)."""
+    head = (intro if previous_reward is None
+            else template.reward.format(reward=format_reward(previous_reward)))
     return head + template.turn.format(
         turn=turn, state=state_text, actions_left=actions_left, max_tokens=max_tokens
     )
+
+
+# The single_turn mode's history (the original's SimpleMemory, ragen/llm_agent/memory): a
+# summary, then one entry per earlier turn shown, then the current turn after a blank line.
+SINGLE_TURN_SUMMARY = ("Summary: {completed} step(s) completed so far. Showing the last {shown} "
+                       "turn(s) with state/action/reward details. Recent turns:\n---\n")
+SINGLE_TURN_ENTRY = ("Turn {turn} State:\n{state}\nTurn {turn} Action: {reply}\n"
+                     "Turn {turn} Reward: {reward}\n---\n")
+SINGLE_TURN_CURRENT = "\nCurrent Turn "
+
+
+def single_turn_user(
+    template: PromptTemplate,
+    intro: str,
+    turn: int,
+    state_text: str,
+    actions_left: int,
+    max_tokens: int,
+    history: Sequence[tuple[str, str, float]],
+) -> str:
+    """The single_turn mode's user message of turn `turn` (1-based): the intro, then (when
+    `history` holds the earlier turns shown, each (state text, reply text, reward), oldest
+    first) the summary and their entries, then the current turn's `template.single_turn`."""
+    text = intro
+    first = turn - len(history)
+    if history:
+        text += SINGLE_TURN_SUMMARY.format(completed=turn - 1, shown=len(history))
+        for j, (state, reply, reward) in enumerate(history):
+            text += SINGLE_TURN_ENTRY.format(turn=first + j, state=state, reply=reply,
+                                             reward=format_reward(reward))
+        text += SINGLE_TURN_CURRENT
+    return text + template.single_turn.format(turn=turn, state=state_text,
+                                              actions_left=actions_left, max_tokens=max_tokens)
 
 
 def render_conversation_text(

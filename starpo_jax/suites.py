@@ -1,5 +1,6 @@
 """The reproduction suites' experiments (issue 15): named settings, seeds, and the plan with its
-time estimate. experiments/reproduce.py runs them and writes the report; a suite here is data.
+time estimate. starpo_jax.reproduce runs them and writes the report; a suite here is data
+(the tests' tiny suites: tests/helpers/tiny.py).
 
 A suite is a fixed list of experiments. Each experiment is a set of seeded runs of named
 settings; a setting shared by two experiments (the StarPO-S run is experiment 3's keep 0.25)
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from pathlib import Path
 from typing import Any, Callable
 
 from ml_collections import config_dict
@@ -19,12 +19,10 @@ from ml_collections import config_dict
 from starpo_jax import api
 from starpo_jax import sft as sft_lib
 from starpo_jax import sweep as sweep_lib
+from starpo_jax.cli import CONFIG_DIR
 from starpo_jax.logging import format_duration
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 ConfigDict = config_dict.ConfigDict
-# The tiny suite's prompt (tests/test_api.py's tiny_config: the same program as the tests').
-SHORT_TURN = "Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens."
 SFT_SEED = 0  # an SFT setting runs once, with this seed; every seed of its RL settings starts there
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +34,8 @@ class Setting:
     `start` copies its start's last evaluation instead: the same weights and held-out states).
     `sft`: an SFT run (starpo_jax.sft; its base has the `sft` section); `start`: the SFT
     setting whose seed-0 run (SFT_SEED) every seed of this one starts from (model.init_from,
-    set by reproduce.py); `final_eval`: eval keys (e.g. envs, modes) of one more evaluation of
+    set by starpo_jax.reproduce); `final_eval`: eval keys (e.g. envs, modes) of one more
+    evaluation of
     the final weights, of the (env, mode) pairs the run's own evaluations did not cover."""
 
     name: str
@@ -133,18 +132,19 @@ class Suite:
 
 # Seconds per step, SmolLM2-135M on a quiet 2-core CPU, checkpoints and logging included.
 # Bandit (4 x 8 rollouts, one turn): the suite's own runs (keep 1.0 28-37 s, keep 0.25 13-16 s).
-# Grid (4 x 4 rollouts, 5 turns of ~200 tokens): the suite's own 4 x 4 StarPO-S GRPO steps of
-# 16-token replies (95-101 s, results/cpu runs/sokoban_grpo), 24-token budgets taken as ~10%
-# more; PPO adds the critic's update (a 4 x 8 FrozenLake PPO step: 255-265 s, the update ~140
-# s); vanilla updates on all 16 rows (no filter) and a reference forward for its KL. An SFT
-# step: 8 demonstration rows (no sampling) through the update's forward and backward, remat.
+# Grid (4 x 8 rollouts, 5 turns of ~200 tokens): a 4 x 8 FrozenLake PPO step of 16-token replies
+# took 255-265 s (rollout ~110 s, update ~140 s, most of it the critic's and the 32 rows'); the
+# suite's earlier 4 x 4 StarPO-S GRPO steps took 95-101 s (results/cpu runs/sokoban_grpo). So
+# GRPO with the filter (one group of 8 rows updated) ~150 s, PPO (the critic on all rows) ~250 s,
+# vanilla (no filter: 32 rows, and a reference forward for its KL) ~220 s. An SFT step: 8
+# demonstration rows (no sampling) through the update's forward and backward, remat: ~37 s.
 # A held-out rollout (5 turns) ~3.5 s: 16 greedy Sokoban states on 3 envs took 218 s with their
 # 3 compiles (results/cpu).
 STEP_SECONDS = {"bandit_keep_0.25": 15.0, "bandit_keep_0.5": 20.0, "bandit_keep_1.0": 32.0,
-                "grid_grpo": 110.0, "grid_ppo": 160.0, "grid_vanilla": 140.0, "grid_sft": 30.0}
+                "grid_grpo": 150.0, "grid_ppo": 250.0, "grid_vanilla": 220.0, "grid_sft": 37.0}
 GRID_EVAL_ROW_SECONDS = 3.5
 CPU_LR = 1e-5  # README: at 1e-5 the quickstart's entropy and reward std collapse by step 10
-GRID_LR = 5e-6  # quickstart.QUICK_LR: a 135M model moves visibly within a few steps
+GRID_LR = 1e-5  # twice quickstart.QUICK_LR: sparse multi-turn rewards, few steps
 
 
 def _quickstart_bandit() -> ConfigDict:
@@ -160,7 +160,7 @@ def _quickstart_bandit() -> ConfigDict:
 
 
 # Experiment 2's shape (issue 31; the sizing in cpu_suite's docstring).
-GRID_STEPS, GRID_EVAL_EVERY, GRID_EPISODES, GRID_REPLY_TOKENS = 10, 5, 64, 24
+GRID_STEPS, GRID_EVAL_EVERY, GRID_EPISODES, GRID_REPLY_TOKENS = 16, 8, 64, 24
 # Rollout knobs the SFT run and the runs started from it share, so that their evaluations are
 # the same program on the same held-out states (eval.seed = SFT_SEED).
 GRID_ROLLOUT = {"cache_dtype": "float32", "chunks": 1}
@@ -173,12 +173,12 @@ def _grid_eval(c: ConfigDict, env: str) -> None:
     c.eval.update(envs=env, modes="greedy", episodes=GRID_EPISODES, pass_k=1, seed=SFT_SEED)
 
 
-def _grid(env: str, algo: str) -> Callable[[], ConfigDict]:
+def grid_base(env: str, algo: str) -> Callable[[], ConfigDict]:
     def base() -> ConfigDict:
-        """Multi-turn at CPU scale from the SFT start: 4 x 4 rollouts, NoThink replies of up
+        """Multi-turn at CPU scale from the SFT start: 4 x 8 rollouts, NoThink replies of up
         to 24 tokens (the SFT run's), the env's 5 turns / 10 actions, GRID_STEPS steps at
         GRID_LR; greedy held-out evaluations every GRID_EVAL_EVERY steps (_grid_eval)."""
-        c = api.config_for(env, algo, groups=4, group_size=4, reply_tokens=GRID_REPLY_TOKENS)
+        c = api.config_for(env, algo, groups=4, group_size=8, reply_tokens=GRID_REPLY_TOKENS)
         c.nothink = True
         c.steps = GRID_STEPS
         c.optim.actor_lr = GRID_LR
@@ -189,7 +189,7 @@ def _grid(env: str, algo: str) -> Callable[[], ConfigDict]:
     return base
 
 
-def _grid_sft(env: str) -> Callable[[], ConfigDict]:
+def grid_sft_base(env: str) -> Callable[[], ConfigDict]:
     def base() -> ConfigDict:
         """The shipped <env>_sft.py (`random` demonstrations, 8 rows a step, 10 steps at lr
         1e-4, 24-token replies) with the RL runs' rollout knobs and evaluations: its last
@@ -198,7 +198,7 @@ def _grid_sft(env: str) -> Callable[[], ConfigDict]:
         c.rollout.update(GRID_ROLLOUT)
         _grid_eval(c, env)
         c.eval_every = c.steps  # the SFT start only: SFT curves are not the experiment's
-        c.keep_checkpoints = 1  # the newest: the RL runs' start (reproduce.py keeps it)
+        c.keep_checkpoints = 1  # the newest: the RL runs' start (starpo_jax.reproduce keeps it)
         return c
     return base
 
@@ -279,14 +279,14 @@ def _multi_turn_specs(seeds: tuple[int, ...], estimate: dict[str, float | None],
                 "modes": "greedy,sampled"}
 
     starts = {env: Setting(f"{env}_sft", f"SFT start ({env}, random demonstrations)",
-                           _grid_sft(env), {}, estimate["grid_sft"], sft=True,
+                           grid_sft_base(env), {}, estimate["grid_sft"], sft=True,
                            final_eval=full(env))
               for env in ("sokoban", "frozen_lake")}
     own = {"modes": "greedy,sampled"}  # the training env only
 
     def rl(env: str, algo: str, kind: str, label: str, overrides: dict[str, Any],
            final: dict[str, str]) -> Setting:
-        return Setting(f"{env}_{kind}", f"{env} {label}", _grid(env, algo), overrides,
+        return Setting(f"{env}_{kind}", f"{env} {label}", grid_base(env, algo), overrides,
                        estimate[f"grid_{'vanilla' if kind == 'vanilla' else algo}"],
                        eval_before=True, start=starts[env], final_eval=final)
 
@@ -320,22 +320,22 @@ def cpu_suite() -> Suite:
     """SmolLM2, CPU-sized shapes; the plan and its total: `reproduce.py --suite cpu --dry-run`.
 
     Experiments 1 and 3 (Bandit) take about 1.5 hours. The multi-turn part (issue 31's
-    experiment 2, its Echo Trap on Sokoban, issue 33's GiGPO) is sized to <= 10 CPU-hours:
-    - held-out evaluations dominate: a 5-turn rollout costs ~3.5 s a row, so 64 states greedy
-      and 64 sampled on Sokoban and its two OOD variants are ~22 minutes per evaluation. Each
-      run evaluates 64 states greedily on its training env at steps 5 and 10 (the curves over
-      steps), then its final weights once more, sampled (one rollout at 0.5, as the original
-      validates) and, for StarPO-S GRPO (the method), on the OOD variants too (~15 minutes a
-      run); PPO, vanilla, GiGPO and FrozenLake skip the OOD evaluations (with them the part
-      would not fit: 45 minutes more for PPO alone). The
-      SFT start is evaluated once per env (its run's last evaluation), the "before" of every
-      run started from it; the random policy and the solver need no model (seconds).
-    - 4 x 4 rollouts, keep 0.25 (StarPO-S: the update runs on one group of 4 rows), 10 steps:
-      more steps rather than more groups (the rollout of 16 rows is most of a step); 10 steps
-      is where the paper sees vanilla GRPO collapse on Sokoban.
+    experiment 2, its Echo Trap on Sokoban, issue 33's GiGPO) aims at <= 10 CPU-hours; the
+    dry run's estimate is above that at today's step times (issue 32's speed work divides it):
+    - 4 x 8 rollouts (4 levels, 8 tries each), keep 0.25 (StarPO-S: the update runs on the one
+      group of 8 rows with the most spread in reward), 16 steps at lr 1e-5: a group of 8 on one
+      level is where a format-only start's ~17% success shows spread; 16 steps pass the step
+      (~10) where the paper sees vanilla GRPO collapse on Sokoban.
+    - held-out evaluations are costly (a 5-turn rollout ~3.5 s a row): each run evaluates 64
+      states greedily on its training env at steps 8 and 16 (the curves), then its final
+      weights once more, sampled (one rollout at 0.5, as the original validates) and, for
+      StarPO-S GRPO (the method), on the OOD variants too; PPO, vanilla, GiGPO and FrozenLake
+      skip the OOD evaluations. The SFT start is evaluated once per env (its run's last
+      evaluation), the "before" of every run started from it; the random policy and the solver
+      need no model (seconds).
     - Sokoban is the goal: StarPO-S GRPO, PPO, vanilla StarPO and GiGPO, 3 seeds each;
       FrozenLake gets StarPO-S GRPO only (3 seeds).
-    - SFT: the shipped configs (8 rows, 10 steps, ~5 minutes) once per env, seed 0.
+    - SFT: the shipped configs (8 rows from 8 levels a step, 10 steps) once per env, seed 0.
     """
     echo, starpo_s = _echo_trap(_quickstart_bandit, (0, 1, 2), STEP_SECONDS, "bandit")
     multi, echo_grid, gigpo = _multi_turn_specs((0, 1, 2), STEP_SECONDS)
@@ -359,47 +359,7 @@ def paper_suite() -> Suite:
     return Suite((echo, multi, ablation))
 
 
-def tiny_suite() -> Suite:
-    """tiny-random, 2 steps, one setting and 2 seeds (one compile): what the tests run. The
-    config is tests/test_api.py's tiny_config with 2 steps, whose step other tests compile."""
-    def base() -> ConfigDict:
-        c = api.config_for("bandit", "grpo", groups=2, group_size=2, max_turns=1, reply_tokens=4)
-        c.model.source = "tiny-random"
-        c.nothink = True
-        c.prompt.update(system="", intro="", turn=SHORT_TURN, verify=20)
-        c.optim.actor_lr = 1e-3
-        c.checkpoint_every = 1
-        c.steps, c.eval_every, c.sample_every = 2, 0, 0
-        return c
-    setting = Setting("tiny_starpo_s", "StarPO-S (tiny-random)", base, {}, step_seconds=0.5)
-    spec = Spec("echo_trap", "Echo Trap (tiny smoke run)", "echo_trap",
-                "A tiny-random smoke run of the suite's machinery.", (setting,), (0, 1))
-    return Suite((spec,), build_seconds=30.0, eval_row_seconds=0.1)
-
-
-# The tiny multi-turn suite's shape, over experiment 2's configs: tiny-random, 2 x 2 rows, 2
-# turns, 4 held-out states, 2 steps evaluated after each.
-TINY_GRID = {"model.source": "tiny-random", "rollout.groups": 2, "rollout.group_size": 2,
-             "rollout.max_turns": 2, "steps": 2, "eval_every": 1, "sample_every": 0,
-             "eval.episodes": 4, "checkpoint_every": 1, "check_memory": False,
-             "prompt.system": "", "prompt.intro": "", "prompt.turn": SHORT_TURN,
-             "prompt.verify": 20}
-
-
-def tiny_multi_turn_suite() -> Suite:
-    """Experiment 2's machinery at tiny-random scale, what the tests run: Sokoban's SFT start
-    (seed 0) and StarPO-S GRPO from it with seeds 0 and 1, evaluated on Sokoban only."""
-    sft = Setting("sokoban_sft", "SFT start (sokoban)", _grid_sft("sokoban"), {}, 0.5,
-                  sft=True, final_eval={"modes": "greedy,sampled"})
-    grpo = Setting("sokoban_grpo_s", "sokoban StarPO-S GRPO", _grid("sokoban", "grpo"), {}, 0.5,
-                   eval_before=True, start=sft, final_eval={"modes": "greedy,sampled"})
-    spec = Spec("multi_turn", "Multi-turn from an SFT start (tiny)", "table4",
-                "A tiny-random run of experiment 2's machinery.", (grpo,), (0, 1))
-    return Suite((spec,), build_seconds=30.0, eval_row_seconds=0.1).with_overrides(TINY_GRID)
-
-
-SUITES = {"cpu": cpu_suite, "paper": paper_suite, "tiny": tiny_suite,
-          "tiny_multi_turn": tiny_multi_turn_suite}
+SUITES = {"cpu": cpu_suite, "paper": paper_suite}
 
 
 # --- the plan and its estimate ---------------------------------------------------------------
