@@ -132,16 +132,15 @@ class Suite:
 
 # Seconds per step, SmolLM2-135M on a quiet 2-core CPU, checkpoints and logging included.
 # Bandit (4 x 8 rollouts, one turn): the suite's own runs (keep 1.0 28-37 s, keep 0.25 13-16 s).
-# Grid (4 x 8 rollouts, 5 turns of ~200 tokens): a 4 x 8 FrozenLake PPO step of 16-token replies
-# took 255-265 s (rollout ~110 s, update ~140 s, most of it the critic's and the 32 rows'); the
-# suite's earlier 4 x 4 StarPO-S GRPO steps took 95-101 s (results/cpu runs/sokoban_grpo). So
-# GRPO with the filter (one group of 8 rows updated) ~150 s, PPO (the critic on all rows) ~250 s,
-# vanilla (no filter: 32 rows, and a reference forward for its KL) ~220 s. An SFT step: 8
-# demonstration rows (no sampling) through the update's forward and backward, remat: ~37 s.
-# A held-out rollout (5 turns) ~3.5 s: 16 greedy Sokoban states on 3 envs took 218 s with their
-# 3 compiles (results/cpu).
+# Grid (4 x 4 rollouts, 5 turns of ~200 tokens): the suite's own 4 x 4 StarPO-S GRPO steps of
+# 16-token replies (95-101 s, results/cpu runs/sokoban_grpo), 24-token budgets taken as ~10%
+# more; PPO adds the critic's update (a 4 x 8 FrozenLake PPO step: 255-265 s, the update ~140
+# s); vanilla updates on all 16 rows (no filter) and a reference forward for its KL. An SFT
+# step: 8 demonstration rows (no sampling) through the update's forward and backward, remat
+# (~37 s by the step-time model). A held-out rollout (5 turns) ~3.5 s: 16 greedy Sokoban states
+# on 3 envs took 218 s with their 3 compiles (results/cpu).
 STEP_SECONDS = {"bandit_keep_0.25": 15.0, "bandit_keep_0.5": 20.0, "bandit_keep_1.0": 32.0,
-                "grid_grpo": 150.0, "grid_ppo": 250.0, "grid_vanilla": 220.0, "grid_sft": 37.0}
+                "grid_grpo": 110.0, "grid_ppo": 160.0, "grid_vanilla": 140.0, "grid_sft": 37.0}
 GRID_EVAL_ROW_SECONDS = 3.5
 CPU_LR = 1e-5  # README: at 1e-5 the quickstart's entropy and reward std collapse by step 10
 GRID_LR = 1e-5  # twice quickstart.QUICK_LR: sparse multi-turn rewards, few steps
@@ -160,7 +159,7 @@ def _quickstart_bandit() -> ConfigDict:
 
 
 # Experiment 2's shape (issue 31; the sizing in cpu_suite's docstring).
-GRID_STEPS, GRID_EVAL_EVERY, GRID_EPISODES, GRID_REPLY_TOKENS = 16, 8, 64, 24
+GRID_STEPS, GRID_EVAL_EVERY, GRID_EPISODES, GRID_REPLY_TOKENS = 10, 5, 64, 24
 # Rollout knobs the SFT run and the runs started from it share, so that their evaluations are
 # the same program on the same held-out states (eval.seed = SFT_SEED).
 GRID_ROLLOUT = {"cache_dtype": "float32", "chunks": 1}
@@ -175,10 +174,10 @@ def _grid_eval(c: ConfigDict, env: str) -> None:
 
 def grid_base(env: str, algo: str) -> Callable[[], ConfigDict]:
     def base() -> ConfigDict:
-        """Multi-turn at CPU scale from the SFT start: 4 x 8 rollouts, NoThink replies of up
+        """Multi-turn at CPU scale from the SFT start: 4 x 4 rollouts, NoThink replies of up
         to 24 tokens (the SFT run's), the env's 5 turns / 10 actions, GRID_STEPS steps at
         GRID_LR; greedy held-out evaluations every GRID_EVAL_EVERY steps (_grid_eval)."""
-        c = api.config_for(env, algo, groups=4, group_size=8, reply_tokens=GRID_REPLY_TOKENS)
+        c = api.config_for(env, algo, groups=4, group_size=4, reply_tokens=GRID_REPLY_TOKENS)
         c.nothink = True
         c.steps = GRID_STEPS
         c.optim.actor_lr = GRID_LR
@@ -320,14 +319,14 @@ def cpu_suite() -> Suite:
     """SmolLM2, CPU-sized shapes; the plan and its total: `reproduce.py --suite cpu --dry-run`.
 
     Experiments 1 and 3 (Bandit) take about 1.5 hours. The multi-turn part (issue 31's
-    experiment 2, its Echo Trap on Sokoban, issue 33's GiGPO) aims at <= 10 CPU-hours; the
-    dry run's estimate is above that at today's step times (issue 32's speed work divides it):
-    - 4 x 8 rollouts (4 levels, 8 tries each), keep 0.25 (StarPO-S: the update runs on the one
-      group of 8 rows with the most spread in reward), 16 steps at lr 1e-5: a group of 8 on one
-      level is where a format-only start's ~17% success shows spread; 16 steps pass the step
-      (~10) where the paper sees vanilla GRPO collapse on Sokoban.
+    experiment 2, its Echo Trap on Sokoban, issue 33's GiGPO) is sized to <= 10 CPU-hours:
+    - 4 x 4 rollouts, keep 0.25 (StarPO-S: the update runs on the one group of 4 rows with the
+      most spread in reward), 10 steps at lr 1e-5: more steps rather than more groups (the
+      rollout is most of a step); 10 steps is where the paper sees vanilla GRPO collapse on
+      Sokoban. 4 x 8 groups and 16 steps (a group of 8 tries shows more spread) estimate at
+      ~16.5 hours at today's step times: the shape to take once the step is faster.
     - held-out evaluations are costly (a 5-turn rollout ~3.5 s a row): each run evaluates 64
-      states greedily on its training env at steps 8 and 16 (the curves), then its final
+      states greedily on its training env at steps 5 and 10 (the curves), then its final
       weights once more, sampled (one rollout at 0.5, as the original validates) and, for
       StarPO-S GRPO (the method), on the OOD variants too; PPO, vanilla, GiGPO and FrozenLake
       skip the OOD evaluations. The SFT start is evaluated once per env (its run's last
