@@ -40,18 +40,9 @@ from starpo_jax.policies import make_policy  # noqa: E402
 from starpo_jax.rollout import group_states, rollout, sample_width, turn_samples  # noqa: E402
 from starpo_jax.text import build_codec, env_intro, format_reward  # noqa: E402
 from starpo_jax.train import init_train_state, make_train_fns  # noqa: E402
-from test_host_rollout import _both  # noqa: E402
+from test_host_rollout import REPLY_TOKENS, SHORT_TEMPLATE, _both, tiny  # noqa: E402
 from test_rollout import _split_on, replay_turns  # noqa: E402
 
-REPLY_TOKENS = 4
-SHORT_TEMPLATE = dict(
-    system="", intro="",
-    turn="Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens.")
-
-
-@functools.cache
-def tiny():
-    return load_pretrained("tiny-random")
 
 
 @functools.cache
