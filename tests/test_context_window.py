@@ -35,7 +35,6 @@ from starpo_jax.demonstrations import build_reply_encoder, demonstrate  # noqa: 
 from starpo_jax.evaluation import REPLY_OPEN, format_conversation  # noqa: E402
 from starpo_jax.host_rollout import host_rollout, host_sample_width  # noqa: E402
 from starpo_jax.host_text import build_host_text  # noqa: E402
-from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.policies import make_policy  # noqa: E402
 from starpo_jax.rollout import group_states, rollout, sample_width, turn_samples  # noqa: E402
 from starpo_jax.text import build_codec, env_intro, format_reward  # noqa: E402
