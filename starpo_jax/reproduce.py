@@ -66,6 +66,7 @@ from starpo_jax import api, report, runner
 from starpo_jax import sft as sft_lib
 from starpo_jax import sweep as sweep_lib
 from starpo_jax.logging import METRICS_FILE, format_duration
+from starpo_jax.run_config import default_config
 from starpo_jax.suites import SFT_SEED, Setting, Suite, estimate_seconds, final_pairs, plan_text
 from starpo_jax.workdir import check_config, write_atomically
 
@@ -194,7 +195,8 @@ def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
             if _finished(path):
                 # A finished run made with another config is refused, not reused.
                 check_config(path / "config.json", config.to_dict(), True,
-                             runner.RESUMABLE_CHANGES, has_checkpoints=True)
+                             runner.RESUMABLE_CHANGES, has_checkpoints=True,
+                             defaults=default_config().to_dict())
                 say(f"{tag}: finished earlier, skipped")
                 continue
             say(f"{tag}: {'resuming' if (path / 'checkpoints').exists() else 'starting'} "

@@ -59,7 +59,7 @@ from starpo_jax.distributed import any_process, min_over_processes
 from starpo_jax.evaluation import Evaluator, summary_table
 from starpo_jax.logging import WandbWriter, Writers, human_duration, open_writers, process_age
 from starpo_jax.monitor import RunMonitor
-from starpo_jax.run_config import AUTO_MEMORY, RUN_CONFIG_FILE, evaluated_config
+from starpo_jax.run_config import AUTO_MEMORY, RUN_CONFIG_FILE, default_config, evaluated_config
 from starpo_jax.train import SKIPPED_UPDATES
 from starpo_jax.workdir import (RunFault, WorkdirLock, check_config, check_free_space,
                                 check_resumable, write_atomically)
@@ -178,7 +178,8 @@ def _train(exp: api.Experiment, workdir: Path, resume: bool, stop: threading.Eve
     watch = stop if isinstance(stop, StopRequests) else StopRequests()
     checkpoints = Checkpoints(workdir / "checkpoints", c.checkpoint_every, c.keep_checkpoints)
     check_config(config_path, c.to_dict(), resume, RESUMABLE_CHANGES,
-                 has_checkpoints=checkpoints.latest_step is not None)
+                 has_checkpoints=checkpoints.latest_step is not None,
+                 defaults=default_config().to_dict())
     if checkpoints.latest_step is not None and not resume:
         raise FileExistsError(f"{workdir} already holds checkpoints (newest: step "
                               f"{checkpoints.latest_step}); pass --resume or another --workdir")

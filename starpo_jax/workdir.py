@@ -156,10 +156,12 @@ def flat_keys(tree: dict, prefix: str = "") -> dict:
 
 
 def check_config(path: Path, config: dict, resume: bool, resumable: tuple[str, ...],
-                 has_checkpoints: bool) -> None:
+                 has_checkpoints: bool, defaults: dict | None = None) -> None:
     """Before resuming: `config` (the run's, as a nested dict) agrees with the one saved at
-    `path` in every key but those under `resumable`. Raises RunFault naming the keys that differ
-    with both values, or saying that config.json is missing or not JSON."""
+    `path` in every key but those under `resumable`. A key the saved config lacks (a workdir
+    written before the key existed) agrees when its value here is its default in `defaults`
+    (the schema's defaults as a nested dict): the run behaves as it did. Raises RunFault naming
+    the keys that differ with both values, or saying that config.json is missing or not JSON."""
     if not resume:
         return
     if not path.exists():
@@ -175,6 +177,9 @@ def check_config(path: Path, config: dict, resume: bool, resumable: tuple[str, .
     saved, config = flat_keys(saved), flat_keys(config)
     free = lambda key: any(key == r or key.startswith(r + ".") for r in resumable)  # noqa: E731
     missing = object()
+    for key, value in flat_keys(defaults or {}).items():
+        if key not in saved and config.get(key, missing) == value:
+            saved[key] = value
     changed = sorted(k for k in set(saved) | set(config)
                      if not free(k) and saved.get(k, missing) != config.get(k, missing))
     if changed:

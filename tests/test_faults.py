@@ -288,3 +288,25 @@ def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
     path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 3, "x"')
     JsonlWriter(path, first_step=2).close()
     assert path.read_text() == '{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n'
+
+
+def test_a_workdir_older_than_a_key_resumes_when_the_key_keeps_its_default(tmp_path):
+    """A config.json written before a key existed lacks it: resuming with the key at its default
+    (the behaviour the run had) passes; with another value it is named as a change."""
+    from starpo_jax.run_config import default_config
+    from starpo_jax.workdir import check_config
+
+    defaults = default_config().to_dict()
+    config = default_config().to_dict()
+    saved = json.loads(json.dumps(config))
+    del saved["rollout"]["context_window_mode"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(saved))
+    check_config(path, config, True, (), has_checkpoints=True, defaults=defaults)
+    config["rollout"]["context_window_mode"] = "single_turn"
+    with pytest.raises(RunFault, match=r"in \['rollout.context_window_mode'\]: "
+                                       r"rollout.context_window_mode: '\(absent\)' there, "
+                                       r"'single_turn' here"):
+        check_config(path, config, True, (), has_checkpoints=True, defaults=defaults)
+    with pytest.raises(RunFault, match=r"rollout.context_window_mode: '\(absent\)' there"):
+        check_config(path, default_config().to_dict(), True, (), has_checkpoints=True)
