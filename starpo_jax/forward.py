@@ -20,20 +20,7 @@ from jax.sharding import Mesh
 
 from starpo_jax.losses import token_entropy
 from starpo_jax.models.decoder import Decoder
-from starpo_jax.sharding import constrain_batch
-
-
-def split_rows(tree: Any, pieces: int, mesh: Mesh | None = None) -> Any:
-    """Every leaf [rows, ...] -> [pieces, rows / pieces, ...]; with a mesh, the rows of each
-    piece are split over its data axes (not the piece index: each piece is then computed by
-    every device, a share of its rows each)."""
-    return jax.tree.map(lambda x: constrain_batch(x.reshape(pieces, -1, *x.shape[1:]), mesh, 1),
-                        tree)
-
-
-def merge_rows(tree: Any) -> Any:
-    """Every leaf [pieces, rows / pieces, ...] -> [rows, ...] (undoes split_rows)."""
-    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
+from starpo_jax.sharding import constrain_batch, merge_rows, split_rows
 
 
 def accumulated_grad(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], params: Any, batch: Any,

@@ -46,11 +46,10 @@ from jax.sharding import Mesh
 from starpo_jax.advantages import anchor_ids
 from starpo_jax.config import RolloutConfig
 from starpo_jax.failures import LoopHistory, classify
-from starpo_jax.forward import merge_rows
 from starpo_jax.models.cache import KVCache
 from starpo_jax.phases import PhaseClock, mark
 from starpo_jax.sampling import GenerateOutput, SamplingOptions, generate_pure
-from starpo_jax.sharding import constrain_batch
+from starpo_jax.sharding import constrain_batch, merge_rows
 from starpo_jax.text.codec import Codec
 from starpo_jax.text.parse import stop_strings
 

@@ -155,3 +155,16 @@ def jit_sharded_step(step: Callable, abstract_state: Any, model: Decoder, mesh: 
 def shard_state(state: Any, model: Decoder, mesh: Mesh) -> Any:
     """Places a (host or single-device) TrainState on the mesh by the rules."""
     return jax.device_put(state, tree_shardings(state, model, mesh))
+
+
+def split_rows(tree: Any, pieces: int, mesh: Mesh | None = None) -> Any:
+    """Every leaf [rows, ...] -> [pieces, rows / pieces, ...]; with a mesh, the rows of each
+    piece are split over its data axes (not the piece index: each piece is then computed by
+    every device, a share of its rows each)."""
+    return jax.tree.map(lambda x: constrain_batch(x.reshape(pieces, -1, *x.shape[1:]), mesh, 1),
+                        tree)
+
+
+def merge_rows(tree: Any) -> Any:
+    """Every leaf [pieces, rows / pieces, ...] -> [rows, ...] (undoes split_rows)."""
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), tree)
