@@ -12,7 +12,7 @@ from flax import nnx
 
 from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.decoder import Decoder
-from starpo_jax.sampling import (
+from starpo_jax.rollout.sampling import (
     SamplingOptions,
     StopReason,
     generate,
