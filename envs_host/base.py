@@ -20,7 +20,7 @@ Class attributes a subclass may set:
 - `observation_tokens`: tokens reserved in the buffer for one observation (longer ones are
   truncated, and counted in the metrics);
 - `defaults`: rollout settings the env is meant for, e.g. {"max_turns": 1}
-  (`starpo_jax.host_train.config_for` applies them).
+  (`starpo_jax.run.host_train.config_for` applies them).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class TextEnv(Environment[State, specs.DiscreteArray, Observation], Generic[Stat
 
     def dead_end(self, state: State) -> chex.Array:
         """bool []: the episode can no longer succeed, whatever the agent does (the failure
-        classifier's dead end, starpo_jax.failures). Pure JAX. The default, False, is right for
+        classifier's dead end, starpo_jax.algo.failures). Pure JAX. The default, False, is right for
         games without unrecoverable states; a game that has them overrides it."""
         return jnp.bool_(False)
 

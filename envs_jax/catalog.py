@@ -1,5 +1,5 @@
 """The built-in envs' names and agent-side settings (EnvSettings), without JAX or jumanji: a
-run config is checked against them before the games load (starpo_jax.run_config). Each game's
+run config is checked against them before the games load (starpo_jax.run.schema). Each game's
 package registers its names with the settings held here (envs_jax.register)."""
 
 from __future__ import annotations

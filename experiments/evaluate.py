@@ -7,7 +7,7 @@
 The run's config.json gives the model, env, prompt, rollout settings and seed (hence the same
 held-out initial states as the run's own evaluations); `--config.eval.<key>=value` overrides
 its eval section (keys: starpo_jax.api.default_config), nothing else
-(run_config.evaluated_config). starpo_jax.runner.evaluate_workdir restores the newest checkpoint
+(run_config.evaluated_config). starpo_jax.run.loop.evaluate_workdir restores the newest checkpoint
 (or `--step`), prints a table, and writes in the workdir eval_step_<N>.json
 ({"step", "eval": the eval settings, "metrics": {"val/<env>/<mode>/<name>": value}}) and
 samples/eval_step_<N>.txt (conversations of the first eval.samples initial states).
@@ -23,8 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from starpo_jax import cli  # noqa: E402
-from starpo_jax.run_config import default_config, evaluated_config  # noqa: E402
+from starpo_jax.run import cli  # noqa: E402
+from starpo_jax.run.schema import default_config, evaluated_config  # noqa: E402
 
 
 def _define_flags() -> None:
@@ -47,7 +47,7 @@ if __name__ == "__main__":
             Path(flags.FLAGS.workdir), config_flags.get_override_values(flags.FLAGS["config"])),
         define_flags=_define_flags)
 
-from starpo_jax import runner  # noqa: E402
+from starpo_jax.run import loop as runner  # noqa: E402
 
 
 def _main(argv: list[str]) -> None:

@@ -4,7 +4,7 @@
     python experiments/export.py --workdir runs/bandit --out exported/bandit --step 20 \
         --dtype bfloat16 --overwrite
 
-starpo_jax.run_export.export_run reads the run's config.json (model.source and model.dtype),
+starpo_jax.run.export.export_run reads the run's config.json (model.source and model.dtype),
 rebuilds the model and tokenizer with load_pretrained, restores the actor of the newest
 checkpoint under checkpoints/ (or of --step N) and writes it with
 starpo_jax.models.export.save_pretrained: config.json, safetensors weights (sharded above
@@ -23,7 +23,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from starpo_jax.config import MODEL_DTYPES as DTYPES  # noqa: E402
-from starpo_jax.run_config import read_run_config  # noqa: E402
+from starpo_jax.run.schema import read_run_config  # noqa: E402
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -53,7 +53,7 @@ if __name__ == "__main__":
 
 from absl import logging as absl_logging  # noqa: E402
 
-from starpo_jax.run_export import export_run  # noqa: E402
+from starpo_jax.run.export import export_run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

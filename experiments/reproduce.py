@@ -5,8 +5,8 @@
     python experiments/reproduce.py --suite cpu --workdir results/cpu --report-only
     python experiments/reproduce.py --suite cpu --workdir results/cpu --only filter_ablation
 
-The suites' experiments are starpo_jax.suites; what this command does with one (the runs, their
-resume, the SFT stage, the report under --workdir) is starpo_jax.reproduce's docstring.
+The suites' experiments are starpo_jax.analysis.suite; what this command does with one (the runs, their
+resume, the SFT stage, the report under --workdir) is starpo_jax.analysis.reproduce's docstring.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from starpo_jax.reproduce import reproduce  # noqa: E402
-from starpo_jax.suites import SUITES  # noqa: E402
-from starpo_jax.workdir import RunFault  # noqa: E402
+from starpo_jax.analysis.reproduce import reproduce  # noqa: E402
+from starpo_jax.analysis.suite import SUITES  # noqa: E402
+from starpo_jax.run.workdir import RunFault  # noqa: E402
 
 
 def main() -> None:

@@ -8,11 +8,11 @@
 A bare config name resolves to experiments/configs/; keys and switches are documented in
 starpo_jax.api.default_config. The flags and the config are checked before JAX and the envs are
 imported (run_config.check_config): a bad key or value is its one line in a fraction of a
-second. Then starpo_jax.runner.run trains it (starpo_jax.runner's docstring: the workdir's
+second. Then starpo_jax.run.loop.run trains it (starpo_jax.run.loop's docstring: the workdir's
 files, --resume, SIGINT / SIGTERM, the memory check and the faults, each one line on stderr and
 exit 1). A host env (envs_host, named like any env; a user's own module of envs by
-`--config.env.module=mypkg.envs`) trains through starpo_jax.host_train. Multi-process
-(multi-host) runs start with starpo_jax.distributed.maybe_initialize (the
+`--config.env.module=mypkg.envs`) trains through starpo_jax.run.host_train. Multi-process
+(multi-host) runs start with starpo_jax.run.distributed.maybe_initialize (the
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables, or SLURM / Open MPI).
 """
 
@@ -26,10 +26,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from starpo_jax import cli, run_config  # noqa: E402
-from starpo_jax.cli import CONFIG_DIR  # noqa: E402
-from starpo_jax.distributed import distributed_arguments, maybe_initialize  # noqa: E402
-from starpo_jax.workdir import RunFault  # noqa: E402
+from starpo_jax.run import cli, schema as run_config  # noqa: E402
+from starpo_jax.run.cli import CONFIG_DIR  # noqa: E402
+from starpo_jax.run.distributed import distributed_arguments, maybe_initialize  # noqa: E402
+from starpo_jax.run.workdir import RunFault  # noqa: E402
 
 ERRORS = (ValueError, FileNotFoundError, MemoryError, RunFault, FileExistsError)
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
@@ -53,7 +53,7 @@ if __name__ == "__main__":
         lambda: _CONFIG.value is None or run_config.check_config(_CONFIG.value),
         cli.resolve_config_arg(sys.argv, CONFIG_DIR), errors=ERRORS, config_dir=CONFIG_DIR)
 
-from starpo_jax import runner  # noqa: E402
+from starpo_jax.run import loop as runner  # noqa: E402
 
 
 def _main(argv: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""The SFT warm start from a config file, writing everything under a workdir (starpo_jax.sft).
+"""The SFT warm start from a config file, writing everything under a workdir (starpo_jax.run.sft).
 
     python experiments/sft.py --config sokoban_sft.py --workdir runs/sokoban_sft
     python experiments/sft.py --config sokoban_sft.py --config.sft.policy=solver \
@@ -9,10 +9,10 @@
         --config.model.init_from=runs/sokoban_sft --workdir runs/sokoban_rl
 
 A bare config name resolves to experiments/configs/; keys are api.default_config's plus the
-`sft` section (starpo_jax.sft.sft_default_config). The loop, the workdir's files (config.json,
+`sft` section (starpo_jax.run.sft.sft_default_config). The loop, the workdir's files (config.json,
 metrics.jsonl, tensorboard/, checkpoints/, samples/), --resume, SIGINT / SIGTERM and the faults
-are run.py's (starpo_jax.runner.train): this script only parses the flags and calls
-starpo_jax.runner.run_sft, which builds an SFT experiment (its step is a supervised step; its
+are run.py's (starpo_jax.run.loop.train): this script only parses the flags and calls
+starpo_jax.run.loop.run_sft, which builds an SFT experiment (its step is a supervised step; its
 evaluations add val/sft/heldout/loss). An evaluation of the initial policy is printed before
 step 1 (the "before" numbers), and with sft.write_demos > 0 that many demonstrations are
 written to <workdir>/demos.jsonl first.
@@ -29,9 +29,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from starpo_jax import cli, runner  # noqa: E402
-from starpo_jax.cli import CONFIG_DIR  # noqa: E402
-from starpo_jax.workdir import RunFault  # noqa: E402
+from starpo_jax.run import cli, loop as runner  # noqa: E402
+from starpo_jax.run.cli import CONFIG_DIR  # noqa: E402
+from starpo_jax.run.workdir import RunFault  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (a bare name resolves to "
                                           "experiments/configs/).", lock_config=True)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from starpo_jax import cli  # noqa: E402
-from starpo_jax import sweep as lib  # noqa: E402
-from starpo_jax.cli import CONFIG_DIR  # noqa: E402
-from starpo_jax.sweep_runner import resolve_config_arg, sweep  # noqa: E402
+from starpo_jax.run import cli  # noqa: E402
+from starpo_jax.analysis import sweep as lib  # noqa: E402
+from starpo_jax.run.cli import CONFIG_DIR  # noqa: E402
+from starpo_jax.analysis.sweep_run import resolve_config_arg, sweep  # noqa: E402
 
 
 def main() -> None:

@@ -9,9 +9,9 @@ vanilla StarPO (KL 0.001, symmetric clip 0.2, no filter).
     config = TrainConfig(algo="grpo", rollout=RolloutConfig(groups=8, group_size=16))
 
 No JAX here, nor in what this imports: a config is checked before the heavy stack loads
-(starpo_jax.run_config). So the names the checks accept live here, and filtering, losses,
+(starpo_jax.run.schema). So the names the checks accept live here, and filtering, losses,
 evaluation, monitor and models import them. The advantage estimators' registry
-(starpo_jax.advantages, which users extend at run time) is the exception: it is imported when
+(starpo_jax.algo.advantages, which users extend at run time) is the exception: it is imported when
 an estimator is named (AdvantageConfig) or checked (TrainConfig.check_estimator).
 """
 
@@ -44,15 +44,15 @@ MODEL_DTYPES = ("float32", "bfloat16", "float16")
 # The named models load_pretrained knows (models/loading.py), besides paths.
 EMBEDDED_NAME = "smollm2-135m-instruct"
 TINY_RANDOM_NAME = "tiny-random"
-# The evaluator's modes (starpo_jax.evaluation).
+# The evaluator's modes (starpo_jax.run.evaluation).
 EVAL_MODES = ("greedy", "sampled")
 # Out-of-distribution variants evaluated by default next to the training env (RAGEN's).
 OOD_VARIANTS = {"bandit": ("bandit_test",), "sokoban": ("sokoban_large", "sokoban_new_vocab"),
                 "countdown": ("countdown_5",), "sudoku": ("sudoku_medium",),
                 "sudoku_4x4": ("sudoku_4x4_medium",)}
-# The collapse monitor's actions (starpo_jax.monitor).
+# The collapse monitor's actions (starpo_jax.run.monitor).
 ACTIONS = ("warn", "stop", "raise_filter")
-# The uncertainty filter's choices (starpo_jax.filtering).
+# The uncertainty filter's choices (starpo_jax.algo.filtering).
 FILTER_STRATEGIES = ("top_k", "top_k_abs", "top_p", "min_p")
 FILTER_METRICS = ("reward_variance", "reward", "reward_sum", "entropy", "entropy_variance",
                   "length")
@@ -62,7 +62,7 @@ LOSS_SCALINGS = ("none", "linear", "sqrt")
 FILTER_MODES = ("std", "std_rev")
 TOP_P_WEIGHTS = ("linear", "softmax")
 CACHE_DTYPES = ("float32", "bfloat16")
-# What the model sees at each turn (RAGEN's agent_proxy.context_window_mode; starpo_jax.rollout).
+# What the model sees at each turn (RAGEN's agent_proxy.context_window_mode; starpo_jax.rollout.jax_env).
 CONTEXT_WINDOW_MODES = ("full", "limited_multi_turn", "single_turn")
 LORA_BASE_DTYPES = ("float32", "bfloat16")
 
@@ -211,7 +211,7 @@ class RolloutConfig:
 class FilterConfig:
     """StarPO-S uncertainty filter: which groups (by in-group reward std) the update sees.
 
-    strategy (RAGEN-2's rollout_filter_strategy; exact rules in starpo_jax/filtering.py):
+    strategy (RAGEN-2's rollout_filter_strategy; exact rules in starpo_jax/algo/filtering.py):
     "top_k" keeps max(1, int(keep_ratio * P)) groups (the StarPO-S paper's filter, and the
     default); "top_k_abs" keep_groups groups; "top_p" the fewest top-ranked groups whose share
     of the summed std reaches top_p (top_p_weights "linear": sum >= top_p * total - top_p_eps,
@@ -306,7 +306,7 @@ class AdvantageConfig:
     def __post_init__(self) -> None:
         o = "advantage"
         if self.estimator is not None:
-            from starpo_jax.advantages import advantage_estimator_names  # JAX: only when named
+            from starpo_jax.algo.advantages import advantage_estimator_names  # JAX: only when named
             _choice(o, "estimator", self.estimator, advantage_estimator_names())
         for name in ("gamma", "lam", "gamma_turn", "step_gamma"):
             _number(o, name, getattr(self, name), 0.0, 1.0)
@@ -379,7 +379,7 @@ class OptimConfig:
 
     shared_prefix (results unchanged up to float rounding): those forwards and the update's run
     each group's first prompt once per slice of rows rather than once per row, the rows
-    attending to its keys and values (shared_prefix.py); False runs every row whole.
+    attending to its keys and values (train/shared_prefix.py); False runs every row whole.
     """
 
     actor_lr: float = 1e-6
@@ -410,7 +410,7 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CollapseConfig:
-    """RAGEN-2's template-collapse metrics (starpo_jax.collapse): every `every` steps (0 = off,
+    """RAGEN-2's template-collapse metrics (starpo_jax.train.collapse): every `every` steps (0 = off,
     nothing compiled in; the original computes them every 5), each first-turn reply is scored
     under each of the step's P first prompts, `micro_rows` (reply, prompt) pairs per forward
     (the original's micro_batch_size; a memory knob, results unchanged)."""
@@ -510,8 +510,8 @@ class TrainConfig:
     def check_estimator(self) -> None:
         """Raises ValueError unless the advantage estimator suits `algo` (a critic for PPO,
         none for GRPO) and reads every advantage field set away from its default. Imports the
-        estimators' registry (starpo_jax.advantages: JAX), which users extend at run time."""
-        from starpo_jax.advantages import estimator_uses_critic, get_advantage_estimator
+        estimators' registry (starpo_jax.algo.advantages: JAX), which users extend at run time."""
+        from starpo_jax.algo.advantages import estimator_uses_critic, get_advantage_estimator
         estimator = self.estimator
         critic = estimator_uses_critic(estimator)
         if self.algo == "grpo" and critic:

@@ -8,7 +8,7 @@
 has run on the host, and that call runs only once every array of `tree` is computed. An
 optimisation barrier ties the call's token to the tree, so later work that reads the returned
 tree cannot start before the call. One compiled run of the whole step thus tells where its time
-goes (bench_step.py prints it), without running the phases again as programs of their own.
+goes (bench/step.py prints it), without running the phases again as programs of their own.
 
 With clock None, `mark` is the identity and nothing is added to the program. Each mark costs
 one host round trip (a handful per step, against steps of seconds to minutes); experiments/

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from starpo_jax import advantages as adv_lib
-from starpo_jax.advantages import (
+from starpo_jax.algo import advantages as adv_lib
+from starpo_jax.algo.advantages import (
     AdvantageInputs,
     advantage_estimator_names,
     bi_level_gae,

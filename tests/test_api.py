@@ -162,13 +162,15 @@ def test_bad_env_setting_names_the_key(key, value, expected):
 def test_codec_announces_the_env_setting_not_the_budget():
     """api's codec states announced_tokens as the "Max response length" and the trajectory's
     action budget in "You can make up to N actions"; reply_tokens stays the budget."""
+    import envs_jax
     from helpers.text_testing import smollm2_tokenizer
+    from starpo_jax.run import experiment
 
     c = api.config_for("frozen_lake", "grpo", reply_tokens=9, max_actions_per_traj=8)
     c.prompt.verify = 1
     train = api.train_config(c)
-    env = api.envs_jax.make("frozen_lake")
-    codec = api._codec(api.merged_config(c), train, smollm2_tokenizer(), env)
+    env = envs_jax.make("frozen_lake")
+    codec = experiment._codec(api.merged_config(c), train, smollm2_tokenizer(), env)
     assert "Max response length: {max_tokens} words" in codec.template.turn
     ids, n = codec.first_prompt(env.render_symbols(env.reset(jax.random.PRNGKey(0))[0]), 8)
     text = smollm2_tokenizer().decode(np.asarray(ids)[: int(n)].tolist())

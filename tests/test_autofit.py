@@ -1,4 +1,4 @@
-"""Memory settings chosen from the compiled plan (starpo_jax/autofit.py, api.check_memory)."""
+"""Memory settings chosen from the compiled plan (starpo_jax/sizing/autofit.py, api.check_memory)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from starpo_jax import api, autofit  # noqa: E402
-from starpo_jax.autofit import MARGIN, Settings, StepShape  # noqa: E402
+from starpo_jax import api  # noqa: E402
+from starpo_jax.sizing import autofit  # noqa: E402
+from starpo_jax.sizing.autofit import MARGIN, Settings, StepShape  # noqa: E402
 from starpo_jax.config import FilterConfig, RolloutConfig, TrainConfig  # noqa: E402
-from starpo_jax.memory import GIB  # noqa: E402
+from starpo_jax.sizing.memory import GIB  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
 from test_flops import SMOLLM2  # noqa: E402
 

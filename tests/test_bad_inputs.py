@@ -24,7 +24,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 from absl import flags  # noqa: E402
 
-from starpo_jax import api, runner, sweep as sweep_lib, sweep_runner  # noqa: E402
+from starpo_jax import api  # noqa: E402
+from starpo_jax.analysis import sweep as sweep_lib, sweep_run as sweep_runner  # noqa: E402
+from starpo_jax.run import loop as runner  # noqa: E402
 from starpo_jax.models.embedded import embedded_gguf_path  # noqa: E402
 from helpers.scripts import script  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
@@ -350,7 +352,7 @@ _AT_EXIT = ("import atexit, runpy, sys; atexit.register(lambda: print('imported:
     ("evaluate.py", ["--workdir", "{tmp}/run"], "config.steps = 0 is invalid", []),
     ("export.py", ["--workdir", "{tmp}/none", "--out", "{tmp}/out"],
      "config.json does not exist", []),
-    # Deferred: the estimators' registry (starpo_jax.advantages) imports JAX.
+    # Deferred: the estimators' registry (starpo_jax.algo.advantages) imports JAX.
     ("run.py", ["--config.advantage.estimator=nope"], "advantage.estimator = 'nope'", ["jax"]),
 ])
 def test_scripts_check_the_config_before_the_heavy_imports(tmp_path, script, argv, expected,
@@ -371,7 +373,7 @@ def test_scripts_check_the_config_before_the_heavy_imports(tmp_path, script, arg
 
 def test_check_config_defers_only_the_estimator():
     """run_config.check_config (no JAX) checks what train_config does but the estimator."""
-    from starpo_jax.run_config import check_config
+    from starpo_jax.run.schema import check_config
 
     config = api.config_for("bandit", "grpo")
     config.advantage.estimator = "nope"

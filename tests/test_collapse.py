@@ -18,11 +18,11 @@ from flax import nnx  # noqa: E402
 
 import envs_jax  # noqa: E402
 from starpo_jax import api  # noqa: E402
-from starpo_jax.collapse import (FirstTurn, collapse_metrics, cross_logprobs,  # noqa: E402
+from starpo_jax.train.collapse import (FirstTurn, collapse_metrics, cross_logprobs,  # noqa: E402
                                  first_turn)
 from starpo_jax.config import CollapseConfig, RolloutConfig, TrainConfig  # noqa: E402
 from starpo_jax.models import embedded, load_pretrained  # noqa: E402
-from starpo_jax.rollout import rollout  # noqa: E402
+from starpo_jax.rollout.jax_env import rollout  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
 from test_rollout import tiny_bandit_setup  # noqa: E402
@@ -155,7 +155,7 @@ def test_train_step_computes_them_every_n_steps_only():
     assert "collapse/computed" not in logged[0]
 
     graphdef, tok, train = nnx.graphdef(exp.model), exp.tokenizer, exp.train
-    rollout_key = jax.random.split(jax.random.fold_in(exp.key, 0))[0]  # train.py's step 0
+    rollout_key = jax.random.split(jax.random.fold_in(exp.key, 0))[0]  # train/step.py's step 0
 
     @jax.jit
     def direct(params):

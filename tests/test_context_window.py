@@ -31,14 +31,14 @@ from envs_host.pool import EnvPool  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.config import (CollapseConfig, FilterConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
-from starpo_jax.demonstrations import build_reply_encoder, demonstrate  # noqa: E402
-from starpo_jax.evaluation import REPLY_OPEN, format_conversation  # noqa: E402
-from starpo_jax.host_rollout import host_rollout, host_sample_width  # noqa: E402
-from starpo_jax.host_text import build_host_text  # noqa: E402
-from starpo_jax.policies import make_policy  # noqa: E402
-from starpo_jax.rollout import group_states, rollout, sample_width, turn_samples  # noqa: E402
+from starpo_jax.rollout.demonstrations import build_reply_encoder, demonstrate  # noqa: E402
+from starpo_jax.run.evaluation import REPLY_OPEN, format_conversation  # noqa: E402
+from starpo_jax.rollout.host import host_rollout, host_sample_width  # noqa: E402
+from starpo_jax.rollout.host_text import build_host_text  # noqa: E402
+from starpo_jax.rollout.policies import make_policy  # noqa: E402
+from starpo_jax.rollout.jax_env import group_states, rollout, sample_width, turn_samples  # noqa: E402
 from starpo_jax.text import build_codec, env_intro, format_reward  # noqa: E402
-from starpo_jax.train import init_train_state, make_train_fns  # noqa: E402
+from starpo_jax.train.step import init_train_state, make_train_fns  # noqa: E402
 from test_host_rollout import REPLY_TOKENS, SHORT_TEMPLATE, _both, tiny  # noqa: E402
 from test_rollout import _split_on, replay_turns  # noqa: E402
 

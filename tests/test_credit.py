@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from starpo_jax.advantages import (
+from starpo_jax.algo.advantages import (
     AdvantageInputs,
     anchor_ids,
     anchor_share,
@@ -19,7 +19,7 @@ from starpo_jax.advantages import (
     rloo,
 )
 from starpo_jax.config import AdvantageConfig, TrainConfig
-from starpo_jax.host_rollout import _anchor_ids as host_anchor_ids
+from starpo_jax.rollout.host import _anchor_ids as host_anchor_ids
 from test_advantages import random_rows
 
 EPS = 1e-6
@@ -261,7 +261,7 @@ def test_gigpo_trains_on_compiled_and_host_rollouts_alike():
     import envs_jax
     from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig
     from starpo_jax.text import build_codec
-    from starpo_jax.train import init_train_state, make_train_fns
+    from starpo_jax.train.step import init_train_state, make_train_fns
 
     rollout = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=4,
                             mode="nothink", max_actions_per_turn=3, max_actions_per_traj=5,

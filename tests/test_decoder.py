@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from starpo_jax.models import Decoder, KVCache, ModelConfig, layers
-from starpo_jax.sampling import generate
+from starpo_jax.rollout.sampling import generate
 
 TINY = ModelConfig(
     vocab_size=97,

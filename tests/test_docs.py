@@ -23,7 +23,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 TINY = "--config.model.source=tiny-random"
 # Run before a Python block: configs made by config_for / default_config name the tiny model.
 TINY_PRELUDE = """\
-import starpo_jax.run_config as _run_config
+import starpo_jax.run.schema as _run_config
 _default_config = _run_config.default_config
 def _tiny_default_config():
     config = _default_config()

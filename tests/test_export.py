@@ -22,13 +22,14 @@ import torch  # noqa: E402
 from flax import nnx, traverse_util  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from starpo_jax import api, run_export  # noqa: E402
-from starpo_jax.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax import api  # noqa: E402
+from starpo_jax.run import export as run_export  # noqa: E402
+from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.models import Decoder, ModelConfig, load_pretrained  # noqa: E402
 from starpo_jax.models.embedded import tiny_random_config  # noqa: E402
 from starpo_jax.models.export import parse_size, save_pretrained  # noqa: E402
 from starpo_jax.models.params import read_safetensors  # noqa: E402
-from starpo_jax.train import init_train_state  # noqa: E402
+from starpo_jax.train.step import init_train_state  # noqa: E402
 from helpers.scripts import script  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
 

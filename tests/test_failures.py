@@ -1,4 +1,4 @@
-"""Failure modes (starpo_jax.failures): the classifier's precedence against a plain-Python
+"""Failure modes (starpo_jax.algo.failures): the classifier's precedence against a plain-Python
 reference, the loop history, Sokoban deadlocks against a rule-by-rule reference and a brute-force
 search, hand-made Sokoban / FrozenLake trajectories stepped by the rollout's own env loop, and the
 fractions of a tiny-model evaluation."""
@@ -20,10 +20,10 @@ from envs_jax.base import symbols_hash  # noqa: E402
 from envs_jax.frozen_lake.env import FrozenLake  # noqa: E402
 from envs_jax.sokoban.deadlock import dead_cells  # noqa: E402
 from envs_jax.sokoban.env import Sokoban  # noqa: E402
-from starpo_jax.failures import (DEAD_END, FAILURE_KINDS, FORMAT, INVALID, LOOP,  # noqa: E402
+from starpo_jax.algo.failures import (DEAD_END, FAILURE_KINDS, FORMAT, INVALID, LOOP,  # noqa: E402
                                  OUT_OF_BUDGET, SUCCESS, LoopHistory, classify,
                                  failure_fractions)
-from starpo_jax.rollout import _env_steps  # noqa: E402
+from starpo_jax.rollout.jax_env import _env_steps  # noqa: E402
 
 
 def reference_failure(success, dead_end, looped, format_ok, turn_taken, effective) -> list[str]:

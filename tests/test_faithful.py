@@ -17,13 +17,13 @@ import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import envs_jax  # noqa: E402
-from starpo_jax import advantages as adv_lib  # noqa: E402
+from starpo_jax.algo import advantages as adv_lib  # noqa: E402
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
-from starpo_jax.forward import sequence_logprobs  # noqa: E402
-from starpo_jax.losses import aggregate  # noqa: E402
-from starpo_jax.rollout import group_states  # noqa: E402
-from starpo_jax.train import init_train_state, make_train_fns, make_train_step  # noqa: E402
+from starpo_jax.train.forward import sequence_logprobs  # noqa: E402
+from starpo_jax.algo.losses import aggregate  # noqa: E402
+from starpo_jax.rollout.jax_env import group_states  # noqa: E402
+from starpo_jax.train.step import init_train_state, make_train_fns, make_train_step  # noqa: E402
 from test_rollout import REPLY_TOKENS, tiny_bandit_setup  # noqa: E402
 
 HIGH = 1  # bandit's high-risk arm (Dragon): action index 1

@@ -23,12 +23,12 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import pytest  # noqa: E402
 
-from starpo_jax import runner  # noqa: E402
-from starpo_jax.checkpoint import Checkpoints  # noqa: E402
-from starpo_jax.logging import JsonlWriter  # noqa: E402
-from starpo_jax.monitor import CollapseMonitor, MonitorConfig  # noqa: E402
-from starpo_jax.train import apply_if, make_train_step  # noqa: E402
-from starpo_jax.workdir import RunFault, WorkdirLock, check_free_space  # noqa: E402
+from starpo_jax.run import loop as runner  # noqa: E402
+from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.run.writers import JsonlWriter  # noqa: E402
+from starpo_jax.run.monitor import CollapseMonitor, MonitorConfig  # noqa: E402
+from starpo_jax.train.step import apply_if, make_train_step  # noqa: E402
+from starpo_jax.run.workdir import RunFault, WorkdirLock, check_free_space  # noqa: E402
 from helpers.tiny import tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,8 +293,8 @@ def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
 def test_a_workdir_older_than_a_key_resumes_when_the_key_keeps_its_default(tmp_path):
     """A config.json written before a key existed lacks it: resuming with the key at its default
     (the behaviour the run had) passes; with another value it is named as a change."""
-    from starpo_jax.run_config import default_config
-    from starpo_jax.workdir import check_config
+    from starpo_jax.run.schema import default_config
+    from starpo_jax.run.workdir import check_config
 
     defaults = default_config().to_dict()
     config = default_config().to_dict()

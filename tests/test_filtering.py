@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig,  # noqa: E402
                                OptimConfig, RolloutConfig, TrainConfig)
-from starpo_jax.filtering import (FILTER_METRICS, gather_group_rows, gather_groups,  # noqa: E402
+from starpo_jax.algo.filtering import (FILTER_METRICS, gather_group_rows, gather_groups,  # noqa: E402
                                   group_std, kept_bound, kept_share, num_kept_groups,
                                   select_groups)
 
@@ -339,7 +339,7 @@ UNKEPT_ROWS = np.array([False, False, True, True, True, True, False, False])
 def _host_rollout(host: dict):
     from jax.experimental import io_callback
 
-    from starpo_jax import train as train_lib
+    from starpo_jax.train import step as train_lib
 
     real = train_lib.chunked_rollout
 
@@ -367,7 +367,7 @@ def masked_steps():
     rows in 2 mini-batches of 2 micro-batches): "split" (groups 0 and 3 kept), "scrambled"
     (the same, rows of groups 1 and 2 scrambled), "none" (equal rewards: nothing kept); and
     "top_k_abs": keep_groups=2 (the same two groups, 4 rows in one mini-batch)."""
-    from starpo_jax import train as train_lib
+    from starpo_jax.train import step as train_lib
     from test_rollout import REPLY_TOKENS, tiny_bandit_setup
 
     model, tok, env, codec = tiny_bandit_setup()
@@ -417,7 +417,7 @@ def test_masked_rows_change_nothing_in_the_update(masked_steps):
     assert metrics["rollout/kept_groups"] == 2
     for a, b in zip(_params(split), _params(scrambled)):
         np.testing.assert_array_equal(a, b)
-    # actor/entropy is the sampler's over every rolled-out row, kept or not (train.py).
+    # actor/entropy is the sampler's over every rolled-out row, kept or not (train/step.py).
     unkept_free = lambda m: {k: v for k, v in m.items() if k != "actor/entropy"}  # noqa: E731
     assert unkept_free(metrics) == unkept_free(scrambled_metrics)
 
@@ -456,7 +456,7 @@ def test_prepare_ranks_by_the_metric_and_scales_the_advantages():
     """`prepare` ranks groups by the trajectories' mean sampled-token entropies (the sampler's;
     metric "entropy"), and loss_scaling "sqrt" multiplies the advantages by the square root of
     the share of groups kept. The per-row values of "length" are the sampled-token counts."""
-    from starpo_jax import train as train_lib
+    from starpo_jax.train import step as train_lib
     from test_rollout import REPLY_TOKENS, tiny_bandit_setup
 
     model, tok, env, codec = tiny_bandit_setup()

@@ -26,7 +26,8 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from starpo_jax import api, run_export, runner  # noqa: E402
+from starpo_jax import api  # noqa: E402
+from starpo_jax.run import export as run_export, loop as runner  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
 from helpers.scripts import script  # noqa: E402
 from helpers.tiny import tiny_experiment  # noqa: E402
@@ -280,7 +281,7 @@ def test_an_installed_package_registers_its_envs_by_entry_point(tmp_path, monkey
     """A distribution on the path whose `starpo_jax.envs` entry point names its env module:
     its env is valid by name with nothing else said (as after `pip install mypkg`)."""
     import envs_host.registry
-    from starpo_jax import run_config
+    from starpo_jax.run import schema as run_config
 
     (tmp_path / "coin_envs.py").write_text(
         "import envs_host\n\n\nclass Coin(envs_host.HostEnv):\n"

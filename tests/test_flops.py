@@ -1,4 +1,4 @@
-"""Useful-FLOP counting (starpo_jax/flops.py) against hand computations for SmolLM2-135M."""
+"""Useful-FLOP counting (starpo_jax/sizing/flops.py) against hand computations for SmolLM2-135M."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from starpo_jax.config import FilterConfig, OptimConfig, RolloutConfig, TrainConfig
-from starpo_jax.flops import forward_flops, matmul_weights, phase_flops
+from starpo_jax.sizing.flops import forward_flops, matmul_weights, phase_flops
 from starpo_jax.models.config import ModelConfig
 
 # SmolLM2-135M-Instruct's shape (its Hugging Face config.json).

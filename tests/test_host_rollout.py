@@ -21,10 +21,10 @@ import envs_jax  # noqa: E402
 from envs_host import EnvPool, HostEnv  # noqa: E402
 from envs_host.jax_adapter import JaxTextEnvHost  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
-from starpo_jax.host_rollout import host_rollout  # noqa: E402
-from starpo_jax.host_text import build_host_text  # noqa: E402
+from starpo_jax.rollout.host import host_rollout  # noqa: E402
+from starpo_jax.rollout.host_text import build_host_text  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
-from starpo_jax.rollout import _prompt_widths, rollout  # noqa: E402
+from starpo_jax.rollout.jax_env import _prompt_widths, rollout  # noqa: E402
 from starpo_jax.text import build_codec, render_conversation_text  # noqa: E402
 from test_rollout import _split_on  # noqa: E402
 

@@ -14,8 +14,9 @@ import pytest  # noqa: E402
 
 pytest.importorskip("reasoning_gym")
 
-from starpo_jax import api, host_train, runner  # noqa: E402
-from starpo_jax.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax import api  # noqa: E402
+from starpo_jax.run import host_train, loop as runner  # noqa: E402
+from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
 
 
 SHORT_TURN = "Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens."

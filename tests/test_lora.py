@@ -16,17 +16,18 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from starpo_jax import api, run_export  # noqa: E402
-from starpo_jax.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax import api  # noqa: E402
+from starpo_jax.run import export as run_export  # noqa: E402
+from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.config import (FilterConfig, LoraConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
-from starpo_jax.forward import sequence_logprobs  # noqa: E402
+from starpo_jax.train.forward import sequence_logprobs  # noqa: E402
 from starpo_jax.models import Decoder, layers, load_pretrained  # noqa: E402
 from starpo_jax.models.config import LORA_TARGETS  # noqa: E402
 from starpo_jax.models.lora import (adapted, adapted_config, base_config,  # noqa: E402
                                     merged_params, split_trainable, with_lora)
-from starpo_jax.rollout import Rollout  # noqa: E402
-from starpo_jax.train import init_train_state, make_train_fns  # noqa: E402
+from starpo_jax.rollout.jax_env import Rollout  # noqa: E402
+from starpo_jax.train.step import init_train_state, make_train_fns  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
 from test_decoder import TINY, _numpy_forward, _random_model  # noqa: E402
 

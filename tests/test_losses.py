@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from starpo_jax.losses import (
+from starpo_jax.algo.losses import (
     AGG_MODES,
     aggregate,
     aggregate_normaliser,

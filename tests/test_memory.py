@@ -12,7 +12,8 @@ import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 from jax._src import monitoring  # noqa: E402
 
-from starpo_jax import api, memory  # noqa: E402
+from starpo_jax import api  # noqa: E402
+from starpo_jax.sizing import memory  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
 
 N = 256

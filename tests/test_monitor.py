@@ -1,4 +1,4 @@
-"""starpo_jax.monitor on synthetic metric streams: a healthy run stays quiet; an Echo Trap
+"""starpo_jax.run.monitor on synthetic metric streams: a healthy run stays quiet; an Echo Trap
 (reward std and entropy fall while the mean reward holds) alerts at the step a plain numpy
 reference predicts, before the reward falls; a reward falling with the std does not alert;
 grad-norm spikes; once per episode; warmup; config errors. Then runner.train with a scripted
@@ -17,9 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from starpo_jax import api, runner
-from starpo_jax.checkpoint import Checkpoints
-from starpo_jax.monitor import (ALERTS_FILE, GRAD_NORM, REWARD_MEAN, SUGGESTION_FILE,
+from starpo_jax import api
+from starpo_jax.run import loop as runner
+from starpo_jax.run.checkpoint import Checkpoints
+from starpo_jax.run.monitor import (ALERTS_FILE, GRAD_NORM, REWARD_MEAN, SUGGESTION_FILE,
                                 CollapseMonitor, MonitorConfig, suggest_keep_ratio)
 
 

@@ -1,4 +1,4 @@
-"""Multi-process runs: starpo_jax.distributed's reading of the environment, and experiments/run.py
+"""Multi-process runs: starpo_jax.run.distributed's reading of the environment, and experiments/run.py
 started as 2 local CPU processes (1 device each, gloo collectives, a shared workdir) giving the
 metrics of a plain single-device run of the same tiny config."""
 
@@ -16,8 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from starpo_jax import api, runner  # noqa: E402
-from starpo_jax.distributed import distributed_arguments  # noqa: E402
+from starpo_jax import api  # noqa: E402
+from starpo_jax.run import loop as runner  # noqa: E402
+from starpo_jax.run.distributed import distributed_arguments  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -183,7 +183,7 @@ def test_import_envs_jax_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, envs_jax, starpo_jax.run_config; "
+    code = ("import sys, envs_jax, starpo_jax.run.schema; "
             "print(sorted(m for m in ('jax', 'jumanji', 'flax') if m in sys.modules)); "
             "envs_jax.names(); print('jumanji' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,7 +1,7 @@
-"""The reproduction report (starpo_jax/report.py) on hand-made run histories, checked against
+"""The reproduction report (starpo_jax/analysis/report.py) on hand-made run histories, checked against
 values computed here by hand or with numpy: the Echo-Trap half-peak step, mean ± std over seeds,
 the Table-4 before/after table, the CSV round trip, and the figures' lines and bands (inspected
-as matplotlib objects before saving). Then the suite itself (starpo_jax.reproduce on the tiny
+as matplotlib objects before saving). Then the suite itself (starpo_jax.analysis.reproduce on the tiny
 suite: tiny-random, 1 setting x 2 seeds x 2 steps, one compile: the step of tests/helpers/tiny.py's
 tiny_experiment, which other test files compile too): run directories, the log, the report, a
 re-run that skips finished runs, and an unfinished run resumed from its checkpoint with the same
@@ -23,8 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from starpo_jax import report, reproduce, suites  # noqa: E402
-from starpo_jax.failures import FAILURE_KINDS  # noqa: E402
+from starpo_jax.analysis import report, reproduce, suite as suites  # noqa: E402
+from starpo_jax.algo.failures import FAILURE_KINDS  # noqa: E402
 from helpers.tiny import tiny_config, tiny_experiment, tiny_suite  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -283,9 +283,9 @@ def _shared_build(config):
 
 def _suite(workdir: Path, **options: bool) -> str:
     out = io.StringIO()
-    tiny_experiment()  # built before api.build is patched (it calls it)
+    tiny_experiment()  # built before experiment.build is patched (it calls it)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reproduce.api, "build", _shared_build)
+        patch.setattr(reproduce.experiment, "build", _shared_build)
         reproduce.reproduce(tiny_suite(), "tiny", workdir, stream=out, **options)
     return out.getvalue()
 

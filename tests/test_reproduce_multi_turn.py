@@ -13,8 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from starpo_jax import api, reproduce, sft
-from starpo_jax.checkpoint import Checkpoints
+from starpo_jax import api
+from starpo_jax.analysis import reproduce
+from starpo_jax.run import sft
+from starpo_jax.run.checkpoint import Checkpoints
 from helpers.tiny import tiny_multi_turn_suite
 
 

@@ -22,7 +22,7 @@ from flax import nnx  # noqa: E402
 import envs_jax  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
-from starpo_jax.rollout import buffer_length, chunked_rollout, rollout  # noqa: E402
+from starpo_jax.rollout.jax_env import buffer_length, chunked_rollout, rollout  # noqa: E402
 from starpo_jax.text import (build_codec, env_intro, reference_parse,  # noqa: E402
                              render_conversation_text, token_byte_table)
 

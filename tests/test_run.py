@@ -18,11 +18,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from starpo_jax import cli, runner  # noqa: E402
-from starpo_jax.checkpoint import Checkpoints  # noqa: E402
-from starpo_jax.cli import CONFIG_DIR  # noqa: E402
-from starpo_jax.logging import ConsoleProgress, JsonlWriter, format_duration, trend_line  # noqa: E402,E501
-from starpo_jax.workdir import RunFault  # noqa: E402
+from starpo_jax.run import cli, loop as runner  # noqa: E402
+from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.run.cli import CONFIG_DIR  # noqa: E402
+from starpo_jax.run.writers import ConsoleProgress, JsonlWriter, format_duration, trend_line  # noqa: E402,E501
+from starpo_jax.run.workdir import RunFault  # noqa: E402
 from helpers.tiny import ISSUE_METRICS, tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,13 +16,13 @@ import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from starpo_jax.config import LoraConfig, RolloutConfig  # noqa: E402
-from starpo_jax.forward import sequence_logprobs  # noqa: E402
+from starpo_jax.train.forward import sequence_logprobs  # noqa: E402
 from starpo_jax.models.cache import KVCache  # noqa: E402
 from starpo_jax.models.config import LORA_TARGETS  # noqa: E402
 from starpo_jax.models.lora import policy_structure, with_lora  # noqa: E402
 from starpo_jax.models.sampler_weights import (sampler_config, sampler_graphdef,  # noqa: E402
                                                sampler_params)
-from starpo_jax.train import init_train_state, make_train_fns  # noqa: E402
+from starpo_jax.train.step import init_train_state, make_train_fns  # noqa: E402
 from test_decoder import TINY, _numpy_forward, _random_model  # noqa: E402
 from test_faithful import _config  # noqa: E402
 from test_lora import _random_adapters  # noqa: E402

@@ -12,16 +12,15 @@ from flax import nnx
 
 from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.decoder import Decoder
-from starpo_jax.sampling import (
+from starpo_jax.rollout.sampling import (
     SamplingOptions,
     StopReason,
-    advance_stop_tail,
     generate,
     sample_tokens,
-    stop_tail_width,
     token_logprob,
     truncated_logits,
 )
+from starpo_jax.text.stops import advance_stop_tail, stop_tail_width
 from starpo_jax.text.token_bytes import TokenBytes
 
 VOCAB = 48

@@ -2,7 +2,7 @@
 quarter of the rows' KV cache and activations (XLA's memory plan of the compiled step, and the
 per-device cache shape in its optimised HLO), and the step still gives the single-device numbers.
 
-The measurement is experiments/bench_sharding.py's, run in a subprocess that starts JAX with 4
+The measurement is experiments/bench/sharding.py's, run in a subprocess that starts JAX with 4
 fake devices."""
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def measured() -> dict:
            "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     # Two mini-batches of 32 rows, each in two micro-batches of 16: the update's mini-batch and
     # micro-batch splits are both exercised. Temperature 0.03: every draw robust to rounding
-    # (the random model is nearly uniform; see bench_sharding's docstring), the policy not so
+    # (the random model is nearly uniform; see bench/sharding's docstring), the policy not so
     # sharp that its gradients vanish.
-    command = [sys.executable, str(ROOT / "experiments" / "bench_sharding.py"), "--json", "--run",
+    command = [sys.executable, str(ROOT / "experiments" / "bench/sharding.py"), "--json", "--run",
                "--rows", str(ROWS), "--devices", str(DEVICES), "--minibatch-rows", "32",
                "--micro-batches", "2", "--temperature", "0.03"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)

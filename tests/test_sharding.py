@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from starpo_jax.models import Decoder
 from starpo_jax.models.embedded import tiny_random_config
-from starpo_jax.sharding import constrain_batch, make_mesh, spec_for, tree_shardings
+from starpo_jax.models.sharding import constrain_batch, make_mesh, spec_for, tree_shardings
 
 MESH = AbstractMesh((2, 4), ("fsdp", "tp"))
 

@@ -1,4 +1,4 @@
-"""Seeded sweeps (starpo_jax/sweep.py, experiments/sweep.py): the CSV's rows and columns, the
+"""Seeded sweeps (starpo_jax/analysis/sweep.py, experiments/sweep.py): the CSV's rows and columns, the
 same command gives the same bytes, vmapped seeds == sequential seeds, PNG plots, grid and seed
 mistakes named before anything builds, and a re-run skips finished runs. Tiny-random bandit,
 2 settings x 2 seeds x 2 steps; compiling dominates the time, so each experiment is built once
@@ -21,7 +21,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from starpo_jax import api, sweep as lib, sweep_runner  # noqa: E402
+from starpo_jax import api  # noqa: E402
+from starpo_jax.analysis import sweep as lib, sweep_run as sweep_runner  # noqa: E402
 from helpers.tiny import ISSUE_METRICS, tiny_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -167,7 +167,7 @@ def test_random_token_sequences_stay_in_range(table, run):
 def test_answer_closed_matches_substring(tok, table):
     text = "<think>a</think><answer>Up</answ" + "er> more"
     enc = tok.encode(text, add_special_tokens=False)
-    from starpo_jax.sampling import stop_tail_width
+    from starpo_jax.text.stops import stop_tail_width
 
     tail = jnp.full((1, stop_tail_width(stop_strings())), -1, jnp.int32)
     step = jax.jit(answer_closed)  # one compile per shape, not one per eager op

@@ -22,8 +22,8 @@ from flax import nnx  # noqa: E402
 
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
-from starpo_jax.forward import sequence_logprobs  # noqa: E402
-from starpo_jax.train import init_train_state, make_train_fns, make_train_step  # noqa: E402
+from starpo_jax.train.forward import sequence_logprobs  # noqa: E402
+from starpo_jax.train.step import init_train_state, make_train_fns, make_train_step  # noqa: E402
 from test_rollout import REPLY_TOKENS, tiny_bandit_setup  # noqa: E402
 
 
@@ -124,8 +124,8 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     import json, pickle, sys
     import jax
     from starpo_jax.config import TrainConfig
-    from starpo_jax.sharding import make_mesh, shard_state
-    from starpo_jax.train import init_train_state, make_train_fns, make_train_step
+    from starpo_jax.models.sharding import make_mesh, shard_state
+    from starpo_jax.train.step import init_train_state, make_train_fns, make_train_step
     model, tok, env, codec, config = pickle.load(open(sys.argv[1], "rb"))
     pieces = sys.argv[2] == "pieces"  # else: the step on one device, then sharded
     assert jax.device_count() == 4, jax.devices()

@@ -7,7 +7,7 @@ original's validation). Every value is api.default_config()'s; turns and action 
 env's own. On a 2-core CPU this is hours per step with SmolLM2: quickstart.py is the CPU run.
 """
 
-from starpo_jax.run_config import config_for, paper_eval
+from starpo_jax.run.schema import config_for, paper_eval
 
 
 def get_config():

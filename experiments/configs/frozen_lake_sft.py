@@ -5,7 +5,7 @@ tokens; 8 rows a step (8 initial states) at lr 2e-4, 10 steps; 16 held-out maps 
 greedily before and after. RL starts from it with --config.model.init_from=<this workdir>.
 """
 
-from starpo_jax.sft import sft_config
+from starpo_jax.run.sft import sft_config
 
 SFT_LR = 2e-4
 

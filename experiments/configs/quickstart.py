@@ -9,7 +9,7 @@ held-out and BanditTest (unseen arm names) games are evaluated, greedy. Only the
 checkpoint is kept.
 """
 
-from starpo_jax.run_config import config_for
+from starpo_jax.run.schema import config_for
 
 QUICK_LR = 5e-6
 

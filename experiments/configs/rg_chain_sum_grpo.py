@@ -8,7 +8,7 @@ reasoning-gym's score. Keys: api.default_config; the env pool: host.workers / ho
 host.timeout.
 """
 
-from starpo_jax.host_train import config_for
+from starpo_jax.run.host_train import config_for
 
 
 def get_config():

@@ -10,7 +10,7 @@ shows the multi-turn machinery at a CPU's pace; learning needs a model that some
 in format.
 """
 
-from starpo_jax.run_config import config_for
+from starpo_jax.run.schema import config_for
 
 QUICK_LR = 5e-6  # quickstart.py's actor learning rate
 

@@ -10,7 +10,7 @@ starts from it:
     python experiments/run.py --config sokoban_grpo.py --config.model.init_from=<this workdir>
 """
 
-from starpo_jax.sft import sft_config
+from starpo_jax.run.sft import sft_config
 
 SFT_LR = 2e-4
 

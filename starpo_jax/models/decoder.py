@@ -93,7 +93,7 @@ class Decoder(nnx.Module):
         """Final-normed hidden states [B, T, D] (compute dtype), and the new cache when given.
 
         attend (with positions, no mask or cache): the attention of every layer, replacing the
-        causal one (see LayerStack; the shared-prefix forward, shared_prefix.py)."""
+        causal one (see LayerStack; the shared-prefix forward, train/shared_prefix.py)."""
         _check_inputs(input_ids, positions, attention_mask, cache)
         cfg = self.config
         b, t = input_ids.shape

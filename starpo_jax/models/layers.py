@@ -96,7 +96,7 @@ def attention(
     CAUSAL_BLOCK, each against only the keys up to its last query, which skips
     the upper triangle (about half the work and of the saved probabilities at T = 512, more
     than half the time of SmolLM2's attention forward+backward; measured in
-    experiments/bench_sampler.py's training row). A query with no visible key (padding) gets a
+    experiments/bench/sampler.py's training row). A query with no visible key (padding) gets a
     uniform softmax over the keys its block reads instead of over all of them.
     Otherwise (a prefill into a cache; decode steps go to `decode_attention`) the queries go in
     blocks of PREFILL_BLOCK against all keys: each query's softmax is its own, so the result is the
@@ -159,7 +159,7 @@ def decode_attention(
     last block any row has filled, each block sliced straight out of the whole cache, so the
     empty slots are never read and the layer is never copied out. With the head-major cache and
     `_dot_f32`, SmolLM2's decode step at 16 rows and 1732 bfloat16 slots went from 367 to 122 ms
-    half full and from 376 to 196 ms full (experiments/bench_sampler.py --decode-fills; README).
+    half full and from 376 to 196 ms full (experiments/bench/sampler.py --decode-fills; README).
     The result is that one softmax up to float rounding; the block order is fixed.
     """
     b, _, h, hd = q.shape

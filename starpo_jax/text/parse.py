@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from starpo_jax.sampling import advance_stop_tail
+from starpo_jax.text.stops import advance_stop_tail
 from starpo_jax.text.token_bytes import TokenBytes
 
 # What Python's `\s` and str.strip() treat as whitespace (str.isspace; none above U+3000), as

@@ -1,5 +1,5 @@
 """transformers + torch on a GGUF's weights: the independent reference of the parity tests and of
-experiments/bench_sampler.py (test-only: not in the wheel). Imports torch, so nothing at run time
+experiments/bench/sampler.py (test-only: not in the wheel). Imports torch, so nothing at run time
 uses it.
 
     model, tensors = transformers_from_gguf(embedded_gguf_path())   # eval mode, float32

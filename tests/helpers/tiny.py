@@ -1,13 +1,13 @@
 """The tests' tiny shapes, shared by the test files: tiny_config (Bandit on the tiny-random
 model), tiny_experiment (built and compiled once per process) and the reproduction suites at
-that scale (what the suite's tests run through starpo_jax.reproduce)."""
+that scale (what the suite's tests run through starpo_jax.analysis.reproduce)."""
 
 from __future__ import annotations
 
 import functools
 
 from starpo_jax import api
-from starpo_jax.suites import Setting, Spec, Suite, grid_base, grid_sft_base
+from starpo_jax.analysis.suite import Setting, Spec, Suite, grid_base, grid_sft_base
 
 SHORT_TURN = "Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens."
 ISSUE_METRICS = ("train/success", "rollout/reward_std", "actor/entropy", "actor/grad_norm")

@@ -1,0 +1,1 @@
+"""Many runs: sweeps, the reproduction suite and its report."""

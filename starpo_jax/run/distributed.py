@@ -1,0 +1,117 @@
+"""Multi-process (multi-host) start-up: one Python process per host, all running the same command.
+
+    from starpo_jax.run.distributed import maybe_initialize
+    process_index, process_count = maybe_initialize()
+    from starpo_jax.run import experiment                          # only now: see below
+
+jax.distributed must be initialised before any JAX computation, and importing some libraries
+already computes (jumanji, hence envs_jax and starpo_jax.api, builds arrays at import time):
+call maybe_initialize first thing, as experiments/run.py does (this module imports numpy, and
+jax only when one of its functions needs it: distributed_arguments does not).
+
+A run is multi-process when either
+  * the three standard variables are set: JAX_COORDINATOR_ADDRESS (host:port of process 0),
+    JAX_NUM_PROCESSES and JAX_PROCESS_ID (0 .. JAX_NUM_PROCESSES - 1); or
+  * a cluster launcher that jax detects by itself started several tasks: SLURM (`srun`,
+    SLURM_NTASKS > 1) or Open MPI (`mpirun`, OMPI_COMM_WORLD_SIZE > 1).
+Otherwise nothing is initialised and the run is the usual single process (0, 1).
+
+On CPU the processes exchange collectives through gloo (jax's config
+`jax_cpu_collectives_implementation`), set here before the CPU backend starts, so a multi-process
+CPU run works without further flags.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+STANDARD_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+CPU_COLLECTIVES = "gloo"
+
+
+def _int(environ: Mapping[str, str], name: str, low: int) -> int:
+    text = environ[name]
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise ValueError(f"{name}={text!r} is invalid; valid: an int >= {low}")
+    return value
+
+
+def _cluster_tasks(environ: Mapping[str, str]) -> int:
+    """The number of tasks a SLURM or Open MPI launcher started (1 outside such a launcher).
+    The variables are the ones jax's own cluster detection reads (jax._src.clusters)."""
+    if "OMPI_MCA_orte_hnp_uri" in environ:
+        return _int(environ, "OMPI_COMM_WORLD_SIZE", 1)
+    slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+             "SLURM_LOCALID")
+    if all(name in environ for name in slurm):
+        return _int(environ, "SLURM_NTASKS", 1)
+    return 1
+
+
+def distributed_arguments(environ: Mapping[str, str]) -> dict[str, object] | None:
+    """The jax.distributed.initialize keyword arguments `environ` asks for: the explicit ones of
+    the standard variables, {} when a multi-task cluster launcher is detected (jax reads it
+    itself), None for a single-process run. Raises ValueError when only some of the standard
+    variables are set, naming the missing ones, or when a value is not a valid number."""
+    given = [name for name in STANDARD_VARIABLES if environ.get(name)]
+    if given:
+        missing = [name for name in STANDARD_VARIABLES if name not in given]
+        if missing:
+            raise ValueError(f"{', '.join(given)} set but {', '.join(missing)} not: a "
+                             f"multi-process run needs all of {', '.join(STANDARD_VARIABLES)}")
+        count = _int(environ, "JAX_NUM_PROCESSES", 1)
+        index = _int(environ, "JAX_PROCESS_ID", 0)
+        if index >= count:
+            raise ValueError(f"JAX_PROCESS_ID={index} is invalid; valid: 0 .. {count - 1} "
+                             f"(JAX_NUM_PROCESSES={count})")
+        return {"coordinator_address": environ["JAX_COORDINATOR_ADDRESS"],
+                "num_processes": count, "process_id": index}
+    return {} if _cluster_tasks(environ) > 1 else None
+
+
+def maybe_initialize(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """Calls jax.distributed.initialize() when `environ` (default os.environ) describes a
+    multi-process run (module docstring); returns (process_index, process_count). Must run
+    before any JAX computation; a second call in the same process only reports."""
+    import jax
+
+    arguments = distributed_arguments(os.environ if environ is None else environ)
+    if arguments is not None and not jax.distributed.is_initialized():
+        # Before the backends start: the CPU client is built with the cross-process collectives
+        # of this setting (without it, a CPU computation spanning processes cannot run).
+        jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
+        jax.distributed.initialize(**arguments)
+    return jax.process_index(), jax.process_count()
+
+
+def any_process(flag: bool) -> bool:
+    """True if `flag` is True on any process (a collective: every process must call it, in the
+    same order). Lets all processes agree to stop when only one got a signal or an alert,
+    rather than the others waiting forever in the next step's collectives."""
+    import jax
+
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.process_allgather(np.array(flag, np.int32)).any())
+
+
+def min_over_processes(value: int) -> int:
+    """The smallest of every process's `value` (a collective, like any_process): e.g. the free
+    memory that all processes' memory settings are chosen against, so that they choose alike.
+    Gathered as float32 (JAX's default width): exact to ~1e-7 of the value."""
+    import jax
+
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.process_allgather(np.array(value, np.float32)).min())

@@ -1,0 +1,156 @@
+"""Training on a host env: the host rollout, then the compiled `learn` (prepare + update).
+
+    config = host_train.config_for("rg_chain_sum", "grpo")   # the env's own rollout defaults
+    exp = experiment.build(config)          # for a name in envs_host: an Experiment whose step is
+    exp.step()                       # host_rollout + jit(learn), same keys as the JAX step
+
+The step's key schedule is `train.make_train_fns(...).step`'s: fold_in(key, state.step) split
+into the rollout's and the update's keys, so a resumed run repeats a run never stopped. Host
+envs run on one device (no mesh), with one rollout chunk and without the phase clock.
+
+Evaluation (`HostEvaluator`, the interface of evaluation.Evaluator): `episodes` held-out seeds
+drawn once from the run's evaluation stream (evaluation.heldout_keys), greedy and sampled modes
+with the same rollout as training, each (env, mode) on its own env pool.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import envs_host
+from envs_host.pool import EnvPool, PoolConfig
+from starpo_jax.config import RolloutConfig, TrainConfig
+from starpo_jax.run.evaluation import (EvalConfig, EvaluatorBase, eval_metrics, eval_rollout_config,
+                                   heldout_keys)
+from starpo_jax.rollout.host import host_rollout
+from starpo_jax.rollout.host_text import HostText, build_host_text
+from starpo_jax.models.decoder import Decoder
+from starpo_jax.models.lora import adapted, policy_structure
+from starpo_jax.train.step import Metrics, TrainState, make_train_fns
+
+
+def config_for(name: str, algo: str, **rollout: Any) -> Any:
+    """api.config_for(name, algo) with the host env's own `defaults` (e.g. max_turns=1),
+    then `rollout` on top."""
+    from starpo_jax.run import experiment
+
+    # A registered class's `defaults` (read from the class: no instance, no data loaded).
+    env_defaults = dict(getattr(envs_host.factory(name).func, "defaults", {}))
+    return experiment.config_for(name, algo, **{**env_defaults, **rollout})
+
+
+class HostTrainStep:
+    """step(state, key) -> (state, metrics) for a host env (see the module docstring). Owns
+    the env pool (instances from `factory`, default the registered name's): `close()` it."""
+
+    def __init__(self, config: TrainConfig, name: str, pool_config: PoolConfig, text: HostText,
+                 *, model: Decoder, eos_id: int, pad_id: int,
+                 factory: Callable[[], Any] | None = None):
+        if config.rollout.chunks != 1:
+            raise ValueError(f"rollout.chunks = {config.rollout.chunks} is invalid for host env "
+                             f"{name!r}; valid: 1 (host rollouts are not chunked)")
+        self.config, self.text, self.eos_id, self.pad_id = config, text, eos_id, pad_id
+        self.graphdef = nnx.graphdef(policy_structure(model, config.lora))
+        self.pool = EnvPool(name, factory or envs_host.factory(name),
+                            config.rollout.batch_size, pool_config)
+        fns = make_train_fns(config, None, None, model=model, eos_id=eos_id, pad_id=pad_id)
+        self._learn = jax.jit(fns.learn, donate_argnums=0)
+
+    def __call__(self, state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
+        rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
+        start = time.perf_counter()
+        out, stats = host_rollout(self.graphdef, state.actor, self.pool, self.text,
+                                  self.config.rollout, rollout_key, eos_id=self.eos_id,
+                                  pad_id=self.pad_id)
+        stats["timing/host_rollout_seconds"] = time.perf_counter() - start
+        state, metrics = self._learn(state, out, update_key)
+        return state, {**metrics, **{k: jnp.float32(v) for k, v in stats.items()}}
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class HostEvaluator(EvaluatorBase):
+    """evaluation.Evaluator for host envs (see the module docstring). envs maps each name of
+    config.envs to (factory, HostText); pools are built at their first evaluation: `close()`."""
+
+    def __init__(self, graphdef: nnx.GraphDef, tokenizer: Any,
+                 envs: Mapping[str, tuple[Callable[[], Any], HostText]],
+                 rollout_config: RolloutConfig, config: EvalConfig, run_key: jax.Array,
+                 pool_config: PoolConfig, *, eos_id: int, pad_id: int):
+        missing = [name for name in config.envs if name not in envs]
+        if missing:
+            raise ValueError(f"no (factory, text) given for eval envs {missing}; given: "
+                             f"{sorted(envs)}")
+        self.config, self.tokenizer, self.graphdef = config, tokenizer, graphdef
+        self.eos_id, self.pad_id, self.pool_config = eos_id, pad_id, pool_config
+        self.envs = dict(envs)
+        reset_key, self.sample_key = heldout_keys(run_key)
+        self.seeds = np.asarray(jax.random.randint(reset_key, (config.episodes,), 0,
+                                                   np.iinfo(np.int32).max))
+        self.settings = {m: eval_rollout_config(rollout_config, config, m) for m in config.modes}
+        self.group_sizes = {m: s.group_size for m, s in self.settings.items()}
+        self._pools: dict[tuple[str, str], EnvPool] = {}
+
+    def _run(self, name, mode, params, sample_key):
+        factory, text = self.envs[name]
+        settings = self.settings[mode]
+        pool = self._pools.get((name, mode))
+        if pool is None:
+            pool = self._pools[name, mode] = EnvPool(name, factory, settings.batch_size,
+                                                     self.pool_config)
+        out, _ = host_rollout(self.graphdef, params, pool, text, settings, sample_key,
+                              eos_id=self.eos_id, pad_id=self.pad_id, seeds=self.seeds,
+                              greedy=mode == "greedy")
+        return eval_metrics(out, settings.group_size), out
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+def build_evaluator(exp: Any, config: EvalConfig, key: jax.Array) -> HostEvaluator:
+    """The HostEvaluator of a host-env Experiment (experiment.build_evaluator's host branch), its
+    held-out states drawn from run key `key`."""
+    envs = {}
+    for name in config.envs:
+        text = exp.codec if name == exp.config.env.name else _text(
+            exp.config, exp.train, exp.tokenizer, envs_host.make(name))
+        envs[name] = (envs_host.factory(name), text)
+    return HostEvaluator(nnx.graphdef(exp.model), exp.tokenizer, envs, exp.train.rollout, config,
+                         key, PoolConfig(**exp.config.host.to_dict()),
+                         eos_id=exp.tokenizer.eos_token_id, pad_id=exp.tokenizer.pad_token_id)
+
+
+def _text(full: Any, train: TrainConfig, tokenizer: Any, env: Any) -> HostText:
+    template = {k: v for k, v in full.prompt.items() if k != "verify" and v is not None}
+    return build_host_text(tokenizer, env, train.rollout, **template)
+
+
+def build(full: Any, train: TrainConfig) -> Any:
+    """api.build for a host env: `full` the checked experiment config, `train` its
+    TrainConfig. Returns an experiment.Experiment whose train_step is a HostTrainStep."""
+    from starpo_jax.run import experiment
+    from starpo_jax.models import load_pretrained
+
+    if jax.process_count() > 1 or jax.device_count() > 1:
+        raise ValueError(f"env.name = {full.env.name!r} is a host env; host envs train on one "
+                         f"device, this run sees {jax.device_count()}")
+    model, tok = load_pretrained(full.model.source, full.model.dtype)
+    init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
+    model = adapted(model, train.lora, jax.random.fold_in(init_key, 1))  # as init_train_state's
+    env = envs_host.make(full.env.name)
+    text = _text(full, train, tok, env)
+    step = HostTrainStep(train, full.env.name, PoolConfig(**full.host.to_dict()), text,
+                         model=model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    exp = experiment.Experiment(config=full, train=train, env=env, model=model, tokenizer=tok,
+                         codec=text, state=None, train_step=step, key=key, init_key=init_key)
+    exp.state = exp.fresh_state()
+    return exp

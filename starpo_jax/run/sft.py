@@ -1,0 +1,293 @@
+"""The SFT warm start: supervised steps on demonstrations, before StarPO.
+
+    config = sft.sft_config("sokoban", policy="random")   # default_config() + an `sft` section
+    exp = sft.build(config)             # an experiment.Experiment whose step() is one SFT step
+    metrics = exp.step()                # {"sft/loss": ..., ...}
+    result = exp.evaluator().evaluate(exp.state.actor)   # held-out success, valid replies, loss
+
+Each step trains on rollout.groups x rollout.group_size rows: demonstrations made inside the
+step by the policy `sft.policy` (starpo_jax.rollout.demonstrations, starpo_jax.rollout.policies; fresh initial
+states every step, from fold_in(key, step)), or, with `sft.data` = a JSONL file of
+`{"messages": [...]}` chat transcripts, rows drawn from its training part. The loss is the
+token-mean cross-entropy of the reply tokens (the loss mask), through the train step's forward
+(train.make_train_fns(...).sft: shared first prompt, optim.micro_batches, LoRA adapters or
+every weight, optim.actor_lr with AdamW). Evaluations (eval_every) report the Evaluator's
+held-out success and valid-reply rate (`action_is_valid`) and `val/sft/heldout/loss`: the loss
+on held-out demonstrations (the evaluator's held-out initial states) or on the file's last
+`sft.heldout` fraction. A host env (envs_host) trains on `sft.data` only, e.g. transcripts of
+demonstrations.host_demonstrate (a policy of the observation text), and is evaluated on its
+host rollouts. experiments/sft.py runs it with run.py's loop: metrics.jsonl,
+TensorBoard, checkpoints, --resume, the same faults.
+
+A StarPO run starts from the result with `model.init_from = <the SFT workdir>`
+(`load_init_weights`): the newest checkpoint's policy, LoRA adapters merged into the weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from ml_collections import config_dict
+
+import envs_host
+import envs_jax
+from starpo_jax.run import experiment
+from starpo_jax.rollout.demonstrations import (TokenizedRows, build_reply_encoder, demonstrate,
+                                       read_jsonl, tokenize_conversations, transcripts,
+                                       write_jsonl)
+from starpo_jax.run.evaluation import EvalResult, heldout_keys
+from starpo_jax.rollout.host import host_buffer_length
+from starpo_jax.rollout.host_text import HostText
+from starpo_jax.models.lora import adapted_config, merged_params
+from starpo_jax.rollout.policies import POLICY_NAMES, Policy, make_policy
+from starpo_jax.rollout.jax_env import buffer_length
+from starpo_jax.train.step import TrainState, init_train_state, make_train_fns
+
+ConfigDict = config_dict.ConfigDict
+# The key stream of sft.write_demos' demonstrations: neither a step's (fold_in(key, step)) nor
+# the held-out evaluation's (evaluation.EVAL_STREAM = 2**31 - 1).
+DEMO_STREAM = 2**31 - 2
+#: What sft.py's config has beyond a StarPO run's (experiment.default_config).
+SFT_DEFAULTS = {"policy": "random", "data": "", "heldout": 0.1, "write_demos": 0}
+
+
+def sft_default_config() -> ConfigDict:
+    """api.default_config() plus the `sft` section:
+    sft.policy: the demonstrations' policy (policies.POLICY_NAMES), when sft.data is "";
+    sft.data: a JSONL file of {"messages": [...]} transcripts to train on instead ("" = none);
+    sft.heldout: the fraction of sft.data's conversations held out for val/sft/heldout/loss
+    (its last ones); sft.write_demos: demonstrations written to <workdir>/demos.jsonl at the
+    start."""
+    c = experiment.default_config()
+    c.sft = ConfigDict(dict(SFT_DEFAULTS))
+    return c
+
+
+def sft_config(env: str, policy: str = "random", **rollout: Any) -> ConfigDict:
+    """sft_default_config() for `env`, demonstrations by `policy`, rollout keys updated."""
+    c = sft_default_config()
+    c.algo = "grpo"  # no critic: SFT trains the policy alone
+    c.env.name = env
+    c.sft.policy = policy
+    c.rollout.update(rollout)
+    return c
+
+
+def split_config(config: ConfigDict) -> tuple[ConfigDict, ConfigDict]:
+    """(the run's config without `sft`, the checked sft section). Raises ValueError naming a
+    bad key or value."""
+    values = config.to_dict() if isinstance(config, ConfigDict) else dict(config)
+    section = dict(SFT_DEFAULTS)
+    given = values.pop("sft", {}) or {}
+    unknown = sorted(set(given) - set(SFT_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown config key 'sft.{unknown[0]}'; valid keys in 'sft': "
+                         f"{sorted(SFT_DEFAULTS)}")
+    section.update(given)
+    experiment.require_valid("sft.policy", section["policy"], section["policy"] in POLICY_NAMES,
+                      f"one of {POLICY_NAMES}")
+    data = section["data"]
+    experiment.require_valid("sft.data", data, isinstance(data, str) and (not data or Path(
+        data).is_file()), "'' (demonstrations) or the path of a JSONL file")
+    h = section["heldout"]
+    experiment.require_valid("sft.heldout", h, isinstance(h, (int, float)) and not isinstance(h, bool)
+                      and 0 <= h < 1, "a number in [0, 1)")
+    w = section["write_demos"]
+    experiment.require_valid("sft.write_demos", w, isinstance(w, int) and not isinstance(w, bool)
+                      and w >= 0, "an int >= 0")
+    run = experiment.merged_config(values)
+    experiment.train_config(run)
+    if run.env.name in envs_host.names() and (not data or w):
+        raise ValueError(f"config.env.name = {run.env.name!r} is a host env; valid for SFT: "
+                         f"a JAX env, one of {envs_jax.names()}, or a host env with sft.data (a"
+                         " JSONL file of its transcripts, demonstrations.host_demonstrate) and "
+                         "sft.write_demos = 0")
+    return run, ConfigDict(section)
+
+
+@dataclasses.dataclass
+class SftEvaluator:
+    """The run's Evaluator plus the loss on held-out rows (val/sft/heldout/loss) at full
+    evaluations; run.py's loop reads it as an Evaluator."""
+
+    inner: Any
+    loss: Callable[[nnx.State], jax.Array] | None  # None: no held-out rows
+
+    @property
+    def config(self):
+        return self.inner.config
+
+    def evaluate(self, params: nnx.State, sample_key: jax.Array | None = None,
+                 envs: tuple[str, ...] | None = None) -> EvalResult:
+        result = self.inner.evaluate(params, sample_key, envs)
+        if envs is None and self.loss is not None:
+            result.metrics["val/sft/heldout/loss"] = float(self.loss(params))
+        return result
+
+    def samples_text(self, result: EvalResult) -> str:
+        return self.inner.samples_text(result)
+
+
+@dataclasses.dataclass
+class SftExperiment(experiment.Experiment):
+    """An experiment.Experiment whose step is one SFT step (see the module docstring)."""
+
+    sft: ConfigDict = None
+    policy: Policy | None = None
+    data: TokenizedRows | None = None  # sft.data's training rows
+    heldout: TokenizedRows | None = None  # sft.data's held-out rows
+    encoder: Any = None
+
+    def use(self, train) -> None:
+        """Steps with `train` (memory knobs), compiling its SFT step once."""
+        if train not in self._steps:
+            self._steps[train] = None, _sft_step(self, train)
+        self.train = train
+        self.progress, self.train_step = self._steps[train]
+
+    def demos(self, key: jax.Array, rollout=None, reset_key: jax.Array | None = None):
+        """Demonstrations of the policy: a Rollout of rollout.groups x group_size rows (the
+        run's rollout settings unless `rollout`)."""
+        return demonstrate(self.env, self.codec, rollout or self.train.rollout, self.policy,
+                           self.encoder, key, eos_id=self.tokenizer.eos_token_id,
+                           pad_id=self.tokenizer.pad_token_id, reset_key=reset_key)
+
+    def heldout_rows(self):
+        """The rows of val/sft/heldout/loss: sft.data's held-out part (None when sft.heldout is
+        0), or demonstrations on the evaluator's held-out initial states (eval.episodes, one row
+        each)."""
+        if self.data is not None:
+            return self.heldout
+        reset_key, sample_key = heldout_keys(self.key)
+        shape = dataclasses.replace(self.train.rollout, groups=self.config.eval.episodes,
+                                    group_size=1, chunks=1)
+        return jax.jit(lambda k, r: self.demos(k, shape, r))(sample_key, reset_key)
+
+    def evaluator(self) -> SftEvaluator:
+        rows = self.heldout_rows()
+        inner = experiment.build_evaluator(dataclasses.replace(self, config=experiment.merged_config(
+            {k: v for k, v in self.config.to_dict().items() if k != "sft"})))
+        if rows is None:
+            return SftEvaluator(inner, None)
+        fns = _fns(self, self.train)
+        loss = jax.jit(lambda params, rows: fns.sft_loss(params, rows)["loss"])
+        return SftEvaluator(inner, lambda params: loss(params, rows))
+
+    def write_demos(self, path: Path, count: int) -> int:
+        """Writes `count` demonstrations (fresh initial states) as JSONL; returns the count."""
+        shape = dataclasses.replace(self.train.rollout, groups=count, group_size=1, chunks=1)
+        out = jax.jit(lambda k: self.demos(k, shape))(jax.random.fold_in(self.key, DEMO_STREAM))
+        return write_jsonl(path, transcripts(out, self.tokenizer, self.codec))
+
+
+def _fns(exp: SftExperiment, train):
+    host = isinstance(exp.codec, HostText)  # no compiled rollout, no static prompt width
+    return make_train_fns(train, None if host else exp.env, None if host else exp.codec,
+                          model=exp.model, eos_id=exp.tokenizer.eos_token_id,
+                          pad_id=exp.tokenizer.pad_token_id, mesh=exp.mesh)
+
+
+def _sft_step(exp: SftExperiment, train) -> Callable:
+    """The jitted SFT step(state, key) -> (state, metrics) of `exp` under `train`."""
+    fns = _fns(exp, train)
+    rows_per_step = train.rollout.groups * train.rollout.group_size
+    if exp.data is None:
+        def step(state: TrainState, key: jax.Array):
+            out = exp.demos(jax.random.fold_in(key, state.step), train.rollout)
+            state, metrics = fns.sft(state, out, shared=True)
+            metrics["sft/demo_success"] = out.success.mean().astype(jnp.float32)
+            return state, metrics
+
+        return jax.jit(step, donate_argnums=0)
+
+    def from_data(state: TrainState, key: jax.Array, data: TokenizedRows):
+        count = data.tokens.shape[0]
+        pick = jax.random.choice(jax.random.fold_in(key, state.step), count, (rows_per_step,),
+                                 replace=count < rows_per_step)
+        return fns.sft(state, jax.tree.map(lambda x: x[pick], data))
+
+    jitted = jax.jit(from_data, donate_argnums=0)
+    return lambda state, key: jitted(state, key, exp.data)
+
+
+def build(config: ConfigDict) -> SftExperiment:
+    """Checks `config` (sft_default_config()'s keys), then loads the model and builds the SFT
+    experiment: env, codec, policy or the tokenised sft.data, state, step (compiled at its
+    first call). Raises ValueError naming a bad key, value, policy or file line."""
+    run, section = split_config(config)
+    base = experiment.build(run)
+    if hasattr(base.train_step, "close"):  # a host env's RL step: its env pool is not used
+        base.train_step.close()
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(experiment.Experiment)}
+    fields.update(config=_joined(run, section), train_step=None, _steps={})
+    exp = SftExperiment(**fields, sft=section)
+    r = exp.train.rollout
+    if section.data:
+        conversations = read_jsonl(section.data)
+        count = len(conversations)
+        held = min(max(round(count * section.heldout), 1), count - 1) if section.heldout else 0
+        length = (host_buffer_length(exp.codec, r) if isinstance(exp.codec, HostText)
+                  else buffer_length(exp.codec, r))
+        rows = tokenize_conversations(
+            exp.tokenizer, conversations, length=length,
+            pad_id=exp.tokenizer.pad_token_id, skip_prefix=exp.codec.template.forced_prefix,
+            max_reply_tokens=r.max_turns * r.reply_tokens)
+        exp.data = jax.tree.map(lambda x: x[: count - held], rows)
+        exp.heldout = jax.tree.map(lambda x: x[count - held:], rows) if held else None
+    else:
+        exp.policy = make_policy(section.policy, exp.env,
+                                 max_actions_per_turn=r.max_actions_per_turn,
+                                 max_turns=r.max_turns, max_actions_per_traj=r.max_actions_per_traj)
+        exp.encoder = build_reply_encoder(exp.tokenizer, exp.env, exp.codec,
+                                          max_actions_per_turn=r.max_actions_per_turn)
+    exp.use(exp.train)
+    return exp
+
+
+def _joined(run: ConfigDict, section: ConfigDict) -> ConfigDict:
+    full = run.copy_and_resolve_references()
+    full.sft = section
+    return full
+
+
+def load_init_weights(model: Any, workdir: str | Path, source: str, dtype: str) -> Any:
+    """`model` (a Decoder without adapters, loaded from model `source` in `dtype`) with the
+    policy weights of an SFT (or StarPO) workdir's newest checkpoint, LoRA adapters merged in.
+    Raises ValueError when the workdir has no config.json or checkpoint, or was trained from
+    another base model."""
+    from starpo_jax.run.checkpoint import Checkpoints
+
+    workdir = Path(workdir)
+    path = workdir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"config.model.init_from = {str(workdir)!r} is invalid; valid: a "
+                         "workdir of experiments/sft.py or run.py (it has no config.json)")
+    saved = json.loads(path.read_text())
+    saved.pop("auto_memory", None)
+    saved.pop("sft", None)
+    saved.get("model", {}).pop("init_from", None)
+    base = (saved.get("model", {}).get("source"), saved.get("model", {}).get("dtype"))
+    if base != (source, dtype):
+        raise ValueError(f"config.model.init_from = {str(workdir)!r} was trained from model "
+                         f"{base}; valid: a workdir trained from this run's {(source, dtype)}")
+    train = experiment.train_config(saved)
+    checkpoints = Checkpoints(workdir / "checkpoints", 0, 1)
+    try:
+        like = jax.eval_shape(lambda: init_train_state(train, jax.random.PRNGKey(0), model=model))
+        state = checkpoints.restore_latest(like)
+    finally:
+        checkpoints.close()
+    if state is None:
+        raise ValueError(f"config.model.init_from = {str(workdir)!r} holds no checkpoint")
+    params = nnx.to_pure_dict(state.actor)
+    if train.lora.rank:
+        params = merged_params(params, adapted_config(model.config, train.lora))
+    graphdef, weights = nnx.split(model)
+    nnx.replace_by_pure_dict(weights, params)
+    return nnx.merge(graphdef, weights)

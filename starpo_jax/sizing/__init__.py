@@ -1,0 +1,1 @@
+"""How big a run is: memory estimates, the autofit of micro-batches and chunks, FLOPs."""
