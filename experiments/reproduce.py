@@ -5,8 +5,9 @@
     python experiments/reproduce.py --suite cpu --workdir results/cpu --report-only
     python experiments/reproduce.py --suite cpu --workdir results/cpu --only filter_ablation
 
-The suites' experiments are starpo_jax.analysis.suite; what this command does with one (the runs, their
-resume, the SFT stage, the report under --workdir) is starpo_jax.analysis.reproduce's docstring.
+The suites' experiments are starpo_jax.analysis.suite; what this command does with one (the runs,
+their resume, the SFT stage, the report under --workdir) is starpo_jax.analysis.reproduce's
+docstring.
 """
 
 from __future__ import annotations

@@ -8,20 +8,22 @@
     api.train(exp, "runs/bandit")                  # the run loop: checkpoints, logs, evaluations
 
 Building an experiment is run/experiment.py, the run loop run/loop.py, the config schema
-run/schema.py, exporting a run run/export.py; docs/architecture.md has the whole tree.
+run/schema.py, the SFT warm start run/sft.py (`build_sft`: its step() is one supervised step),
+exporting a run run/export.py; docs/architecture.md has the whole tree.
 """
 
 from starpo_jax.run.experiment import (AUTO, DTYPES, ENV_SETTINGS, SECTIONS, ConfigDict,
                                        Experiment, auto_knobs, build, build_evaluator,
-                                       build_sft, check_config, check_memory, config_for,
+                                       check_config, check_memory, config_for,
                                        config_from_train_config, default_config,
                                        demonstrations, eval_config, eval_envs, eval_run_key,
                                        memory_plan, merged_config, paper_eval, pin_memory,
                                        policy_baseline, read_run_config, require_valid,
-                                       run_keys, sft_config, shrink_hint, step_shape,
-                                       train_config)
+                                       run_keys, shrink_hint, step_shape, train_config)
 from starpo_jax.run.export import export_run
 from starpo_jax.run.loop import evaluate_workdir, run, run_sft, stop_on_signals, train
+from starpo_jax.run.sft import build as build_sft
+from starpo_jax.run.sft import sft_config
 
 __all__ = ["AUTO", "DTYPES", "ENV_SETTINGS", "SECTIONS", "ConfigDict", "Experiment", "auto_knobs",
            "build", "build_evaluator", "build_sft", "check_config", "check_memory", "config_for",

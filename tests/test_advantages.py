@@ -10,17 +10,9 @@ import numpy as np
 import pytest
 
 from starpo_jax.algo import advantages as adv_lib
-from starpo_jax.algo.advantages import (
-    AdvantageInputs,
-    advantage_estimator_names,
-    bi_level_gae,
-    broadcast_to_tokens,
-    gae,
-    get_advantage_estimator,
-    grpo,
-    register_advantage_estimator,
-    whiten,
-)
+from starpo_jax.algo.advantages import (AdvantageInputs, advantage_estimator_names, bi_level_gae,
+                                        broadcast_to_tokens, gae, get_advantage_estimator, grpo,
+                                        register_advantage_estimator, whiten)
 
 
 def random_rows(seed: int, batch: int = 6, length: int = 40):

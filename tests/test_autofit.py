@@ -1,4 +1,4 @@
-"""Memory settings chosen from the compiled plan (starpo_jax/sizing/autofit.py, api.check_memory)."""
+"""Memory settings chosen from the compiled plan (starpo_jax/sizing/autofit.py, check_memory)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from flax import nnx  # noqa: E402
 import envs_jax  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.train.collapse import (FirstTurn, collapse_metrics, cross_logprobs,  # noqa: E402
-                                 first_turn)
+                                       first_turn)
 from starpo_jax.config import CollapseConfig, RolloutConfig, TrainConfig  # noqa: E402
 from starpo_jax.models import embedded, load_pretrained  # noqa: E402
 from starpo_jax.rollout.jax_env import rollout  # noqa: E402

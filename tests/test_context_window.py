@@ -36,7 +36,8 @@ from starpo_jax.run.evaluation import REPLY_OPEN, format_conversation  # noqa: E
 from starpo_jax.rollout.host import host_rollout, host_sample_width  # noqa: E402
 from starpo_jax.rollout.host_text import build_host_text  # noqa: E402
 from starpo_jax.rollout.policies import make_policy  # noqa: E402
-from starpo_jax.rollout.jax_env import group_states, rollout, sample_width, turn_samples  # noqa: E402
+from starpo_jax.rollout.jax_env import (group_states, rollout, sample_width,  # noqa: E402
+                                       turn_samples)
 from starpo_jax.text import build_codec, env_intro, format_reward  # noqa: E402
 from starpo_jax.train.step import init_train_state, make_train_fns  # noqa: E402
 from test_host_rollout import REPLY_TOKENS, SHORT_TEMPLATE, _both, tiny  # noqa: E402

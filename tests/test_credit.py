@@ -10,14 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from starpo_jax.algo.advantages import (
-    AdvantageInputs,
-    anchor_ids,
-    anchor_share,
-    get_advantage_estimator,
-    gigpo,
-    rloo,
-)
+from starpo_jax.algo.advantages import (AdvantageInputs, anchor_ids, anchor_share,
+                                        get_advantage_estimator, gigpo, rloo)
 from starpo_jax.config import AdvantageConfig, TrainConfig
 from starpo_jax.rollout.host import _anchor_ids as host_anchor_ids
 from test_advantages import random_rows

@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 import envs_jax  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
 from starpo_jax.rollout.demonstrations import (build_reply_encoder, demonstrate,  # noqa: E402
-                                       tokenize_conversations, transcripts)
+                                               tokenize_conversations, transcripts)
 from starpo_jax.rollout.policies import answer_samples, answer_symbols, make_policy  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from test_countdown import original_reward  # noqa: E402

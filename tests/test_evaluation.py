@@ -22,8 +22,9 @@ import pytest  # noqa: E402
 import envs_jax  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.run import loop as runner, schema as run_config  # noqa: E402
-from starpo_jax.run.evaluation import (REPLY_CLOSE, REPLY_OPEN, EvalConfig, EvalResult,  # noqa: E402
-                                   Evaluator, eval_metrics, format_conversation, pass_at_k)
+from starpo_jax.run.evaluation import (REPLY_CLOSE, REPLY_OPEN, EvalConfig,  # noqa: E402
+                                       EvalResult, Evaluator, eval_metrics, format_conversation,
+                                       pass_at_k)
 from starpo_jax.algo.failures import FAILURE_KINDS  # noqa: E402
 from starpo_jax.rollout.jax_env import Rollout  # noqa: E402
 from helpers.tiny import tiny_config, tiny_experiment  # noqa: E402
@@ -82,7 +83,7 @@ def test_sampling_depends_on_the_sample_key_only():
 
 
 def _training_reset_keys(run_key, steps: int, groups: int) -> set[tuple[int, ...]]:
-    """The env.reset keys of training iterations 0..steps-1 (train/step.py, then rollout/jax_env.py)."""
+    """The env.reset keys of training iterations 0..steps-1 (train/step.py, then jax_env.py)."""
     keys = set()
     for t in range(steps):
         rollout_key = jax.random.split(jax.random.fold_in(run_key, t))[0]

@@ -21,8 +21,8 @@ from envs_jax.frozen_lake.env import FrozenLake  # noqa: E402
 from envs_jax.sokoban.deadlock import dead_cells  # noqa: E402
 from envs_jax.sokoban.env import Sokoban  # noqa: E402
 from starpo_jax.algo.failures import (DEAD_END, FAILURE_KINDS, FORMAT, INVALID, LOOP,  # noqa: E402
-                                 OUT_OF_BUDGET, SUCCESS, LoopHistory, classify,
-                                 failure_fractions)
+                                      OUT_OF_BUDGET, SUCCESS, LoopHistory, classify,
+                                      failure_fractions)
 from starpo_jax.rollout.jax_env import _env_steps  # noqa: E402
 
 

@@ -15,9 +15,9 @@ import pytest  # noqa: E402
 
 from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig,  # noqa: E402
                                OptimConfig, RolloutConfig, TrainConfig)
-from starpo_jax.algo.filtering import (FILTER_METRICS, gather_group_rows, gather_groups,  # noqa: E402
-                                  group_std, kept_bound, kept_share, num_kept_groups,
-                                  select_groups)
+from starpo_jax.algo.filtering import (FILTER_METRICS, gather_group_rows,  # noqa: E402
+                                       gather_groups, group_std, kept_bound, kept_share,
+                                       num_kept_groups, select_groups)
 
 # Five groups of four; unbiased stds (in order): 0.5, 0, 1, 0.5, 0.
 SCORES = np.array(

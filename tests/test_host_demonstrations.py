@@ -21,7 +21,7 @@ from envs_host.jax_adapter import JaxTextEnvHost  # noqa: E402
 from starpo_jax.run import sft  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
 from starpo_jax.rollout.demonstrations import (host_demonstrate, read_jsonl,  # noqa: E402
-                                       tokenize_conversations, transcripts, write_jsonl)
+                                               tokenize_conversations, transcripts, write_jsonl)
 from starpo_jax.rollout.host import host_buffer_length, host_rollout  # noqa: E402
 from starpo_jax.rollout.host_text import build_host_text  # noqa: E402
 from test_host_rollout import SHORT_TEMPLATE, tiny  # noqa: E402

@@ -9,17 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from starpo_jax.algo.losses import (
-    AGG_MODES,
-    aggregate,
-    aggregate_normaliser,
-    entropy_from_logits,
-    explained_variance,
-    kl_penalty,
-    policy_loss,
-    token_entropy,
-    value_loss,
-)
+from starpo_jax.algo.losses import (AGG_MODES, aggregate, aggregate_normaliser, entropy_from_logits,
+                                    explained_variance, kl_penalty, policy_loss, token_entropy,
+                                    value_loss)
 
 CLIP_LOW, CLIP_HIGH, DUAL = 0.2, 0.28, 3.0
 

@@ -21,7 +21,7 @@ from starpo_jax import api
 from starpo_jax.run import loop as runner
 from starpo_jax.run.checkpoint import Checkpoints
 from starpo_jax.run.monitor import (ALERTS_FILE, GRAD_NORM, REWARD_MEAN, SUGGESTION_FILE,
-                                CollapseMonitor, MonitorConfig, suggest_keep_ratio)
+                                    CollapseMonitor, MonitorConfig, suggest_keep_ratio)
 
 
 STD, ENTROPY = "rollout/reward_std", "actor/entropy"

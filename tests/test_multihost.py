@@ -1,5 +1,6 @@
-"""Multi-process runs: starpo_jax.run.distributed's reading of the environment, and experiments/run.py
-started as 2 local CPU processes (1 device each, gloo collectives, a shared workdir) giving the
+"""Multi-process runs: starpo_jax.run.distributed's reading of the environment, and
+experiments/run.py started as 2 local CPU processes (1 device each, gloo collectives, a shared
+workdir) giving the
 metrics of a plain single-device run of the same tiny config."""
 
 from __future__ import annotations

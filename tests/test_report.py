@@ -1,8 +1,10 @@
-"""The reproduction report (starpo_jax/analysis/report.py) on hand-made run histories, checked against
-values computed here by hand or with numpy: the Echo-Trap half-peak step, mean ± std over seeds,
+"""The reproduction report (starpo_jax/analysis/report.py) on hand-made run histories, checked
+against values computed here by hand or with numpy: the Echo-Trap half-peak step, mean ± std over
+seeds,
 the Table-4 before/after table, the CSV round trip, and the figures' lines and bands (inspected
-as matplotlib objects before saving). Then the suite itself (starpo_jax.analysis.reproduce on the tiny
-suite: tiny-random, 1 setting x 2 seeds x 2 steps, one compile: the step of tests/helpers/tiny.py's
+as matplotlib objects before saving). Then the suite itself (starpo_jax.analysis.reproduce on the
+tiny suite: tiny-random, 1 setting x 2 seeds x 2 steps, one compile: the step of
+tests/helpers/tiny.py's
 tiny_experiment, which other test files compile too): run directories, the log, the report, a
 re-run that skips finished runs, and an unfinished run resumed from its checkpoint with the same
 numbers."""

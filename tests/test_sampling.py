@@ -12,14 +12,8 @@ from flax import nnx
 
 from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.decoder import Decoder
-from starpo_jax.rollout.sampling import (
-    SamplingOptions,
-    StopReason,
-    generate,
-    sample_tokens,
-    token_logprob,
-    truncated_logits,
-)
+from starpo_jax.rollout.sampling import (SamplingOptions, StopReason, generate, sample_tokens,
+                                         token_logprob, truncated_logits)
 from starpo_jax.text.stops import advance_stop_tail, stop_tail_width
 from starpo_jax.text.token_bytes import TokenBytes
 

@@ -25,10 +25,12 @@ from starpo_jax import api  # noqa: E402
 from starpo_jax.run import loop as runner, sft  # noqa: E402
 from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
-from starpo_jax.rollout.demonstrations import (build_reply_encoder, demonstrate, read_jsonl,  # noqa: E402
-                                       tokenize_conversations, transcripts, write_jsonl)
+from starpo_jax.rollout.demonstrations import (build_reply_encoder, demonstrate,  # noqa: E402
+                                               read_jsonl, tokenize_conversations, transcripts,
+                                               write_jsonl)
 from starpo_jax.models.lora import merged_params  # noqa: E402
-from starpo_jax.rollout.policies import frozen_lake_values, make_policy, sokoban_distances  # noqa: E402
+from starpo_jax.rollout.policies import (frozen_lake_values, make_policy,  # noqa: E402
+                                        sokoban_distances)
 from starpo_jax.rollout.jax_env import group_states, rollout  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from helpers.tiny import SHORT_TURN, tiny_config  # noqa: E402

@@ -34,9 +34,10 @@ def measured() -> dict:
     # micro-batch splits are both exercised. Temperature 0.03: every draw robust to rounding
     # (the random model is nearly uniform; see bench/sharding's docstring), the policy not so
     # sharp that its gradients vanish.
-    command = [sys.executable, str(ROOT / "experiments" / "bench/sharding.py"), "--json", "--run",
-               "--rows", str(ROWS), "--devices", str(DEVICES), "--minibatch-rows", "32",
-               "--micro-batches", "2", "--temperature", "0.03"]
+    script = ROOT / "experiments" / "bench" / "sharding.py"
+    command = [sys.executable, str(script), "--json", "--run", "--rows", str(ROWS),
+               "--devices", str(DEVICES), "--minibatch-rows", "32", "--micro-batches", "2",
+               "--temperature", "0.03"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.split("RESULT", 1)[1])

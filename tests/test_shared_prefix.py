@@ -19,12 +19,12 @@ from flax import nnx  # noqa: E402
 from starpo_jax.config import (FilterConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
 from starpo_jax.train import forward as forward_lib  # noqa: E402
-from starpo_jax.train.forward import (length_widths, over_real_length, sequence_logprobs,  # noqa: E402
-                                sequence_values)
+from starpo_jax.train.forward import (length_widths, over_real_length,  # noqa: E402
+                                      sequence_logprobs, sequence_values)
 from starpo_jax.models import Decoder  # noqa: E402
 from starpo_jax.rollout.jax_env import Rollout  # noqa: E402
 from starpo_jax.train.shared_prefix import (PrefixPlan, aligned_slots, group_sorted,  # noqa: E402
-                                      shared_logprobs, shared_values, slice_plans)
+                                            shared_logprobs, shared_values, slice_plans)
 from starpo_jax.train.step import init_train_state, make_train_fns  # noqa: E402
 from test_rollout import REPLY_TOKENS, tiny_bandit_setup  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""Seeded sweeps (starpo_jax/analysis/sweep.py, experiments/sweep.py): the CSV's rows and columns, the
-same command gives the same bytes, vmapped seeds == sequential seeds, PNG plots, grid and seed
+"""Seeded sweeps (starpo_jax/analysis/sweep.py, experiments/sweep.py): the CSV's rows and columns,
+the same command gives the same bytes, vmapped seeds == sequential seeds, PNG plots, grid and seed
 mistakes named before anything builds, and a re-run skips finished runs. Tiny-random bandit,
 2 settings x 2 seeds x 2 steps; compiling dominates the time, so each experiment is built once
 and each batched step compiled once for the whole module."""

@@ -18,8 +18,8 @@ warm-up call; no allocator settings are changed (XLA CPU defaults).
 
 Free-text games (Countdown, Sudoku) step from answer text: each step parses a random answer's
 bytes (`env.parse_action`, in the same program) and applies it. Their peers are the original's
-rules transcribed to plain Python (experiments/bench/freetext_peers.py) on the same answers, in a loop:
-Countdown's `compute_reward` (regex numbers check, `eval`), Sudoku's `parse_action` + `step`
+rules transcribed to plain Python (experiments/bench/freetext_peers.py) on the same answers, in a
+loop: Countdown's `compute_reward` (regex numbers check, `eval`), Sudoku's `parse_action` + `step`
 (with and without its "with_feedback" text render).
 """
 

@@ -43,7 +43,7 @@ from starpo_jax.models import KVCache, load_pretrained
 from starpo_jax.models.embedded import embedded_gguf_path
 from starpo_jax.models.sampler_weights import (SAMPLER_DTYPES, sampler_graphdef,
                                                sampler_params)
-from starpo_jax.rollout.sampling import SamplingOptions, _generate_jit
+from starpo_jax.rollout.sampling import SamplingOptions, generate_jit
 
 
 def progress(message: str) -> None:
@@ -89,7 +89,7 @@ def jax_generation(
     ids, lengths = jnp.asarray(prompts), jnp.full((b,), t, jnp.int32)
     cache = KVCache.init(model.config, b, cache_slots or t + new_tokens, cache_dtype)
     start = time.perf_counter()
-    compiled = _generate_jit.lower(
+    compiled = generate_jit.lower(
         graphdef, params, ids, lengths, jax.random.key(0), cache, None, options
     ).compile()
     compile_s = time.perf_counter() - start

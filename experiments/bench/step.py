@@ -87,7 +87,7 @@ from starpo_jax.analysis.sweep import parse_overrides, setting_config  # noqa: E
 from starpo_jax.rollout.jax_env import _prompt_widths, buffer_length  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train.step import (filter_selection, init_train_state, make_train_fns,  # noqa: E402
-                              make_train_step)
+                                   make_train_step)
 
 
 PHASES = ("rollout", "old_logprobs", "update")

@@ -1,1 +1,2 @@
-"""Array math of the objective, no model: advantage estimators, group filtering, losses, failure classes."""
+"""Array math of the objective, no model: advantage estimators, group filtering, losses,
+failure classes."""

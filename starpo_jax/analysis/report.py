@@ -12,8 +12,8 @@ matplotlib Figure objects, then saved), so the report of a suite can be written 
 its run directories without training anything (experiments/reproduce.py --report-only).
 
 Statistics over seeds are the mean and the population std (numpy's default, as
-starpo_jax.analysis.sweep). The Echo-Trap step of a curve is the first step after its peak at which it
-is below half that peak (`half_peak_step`); the paper's collapse signature is reward std and
+starpo_jax.analysis.sweep). The Echo-Trap step of a curve is the first step after its peak at which
+it is below half that peak (`half_peak_step`); the paper's collapse signature is reward std and
 entropy falling while the mean reward holds.
 """
 

@@ -6,8 +6,9 @@ experiments/reproduce.py calls `reproduce`.
     python experiments/reproduce.py --suite cpu --workdir results/cpu --report-only
     python experiments/reproduce.py --suite cpu --workdir results/cpu --only filter_ablation
 
-A suite is a fixed list of experiments (starpo_jax.analysis.suite): 1. the Echo Trap on Bandit (vanilla
-StarPO against StarPO-S), 2. multi-turn learning on FrozenLake and Sokoban from an SFT start
+A suite is a fixed list of experiments (starpo_jax.analysis.suite): 1. the Echo Trap on Bandit
+(vanilla StarPO against StarPO-S), 2. multi-turn learning on FrozenLake and Sokoban from an SFT
+start
 (StarPO-S with PPO and GRPO, vanilla StarPO; success and valid actions before and after training
 on held-out and out-of-distribution states, next to the random policy, the solver and the SFT
 start), 2b. its Echo Trap on Sokoban, 3. the uncertainty filter's ablation (keep ratio 1.0 / 0.5
@@ -25,8 +26,8 @@ SFT stage: a setting with a `start` starts every seed from the newest checkpoint
 SFT run (starpo_jax.run.sft, seed 0, trained first; model.init_from), and its eval_step_0.json is a
 copy of that run's last evaluation (the same weights and held-out states: eval.seed). An SFT
 run's checkpoints are kept when it finishes (its config keeps only the newest), and before it
-trains its baselines.json holds the random policy's and the solver's evaluation on the same
-held-out states (experiment.policy_baseline). A setting's `final_eval` evaluates the final weights once
+trains its baselines.json holds the random policy's and the solver's evaluation on the same held-out
+states (experiment.policy_baseline). A setting's `final_eval` evaluates the final weights once
 more (eval_final.json, merged into the run's last row), on the (env, mode) pairs its own
 evaluations did not cover.
 
@@ -68,7 +69,8 @@ from starpo_jax.run import sft as sft_lib
 from starpo_jax.analysis import sweep as sweep_lib
 from starpo_jax.run.writers import METRICS_FILE, format_duration
 from starpo_jax.run.schema import default_config
-from starpo_jax.analysis.suite import SFT_SEED, Setting, Suite, estimate_seconds, final_pairs, plan_text
+from starpo_jax.analysis.suite import (SFT_SEED, Setting, Suite, estimate_seconds, final_pairs,
+                                       plan_text)
 from starpo_jax.run.workdir import check_config, write_atomically
 
 ROOT = Path(__file__).resolve().parents[2]

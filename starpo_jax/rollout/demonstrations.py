@@ -7,8 +7,8 @@
 
 A demonstration is `rollout.rollout` with `replies=`: the same prompts, chat template, forced
 prefix, buffers, masks and env stepping as a sampled rollout; only each turn's reply tokens come
-from the policy (starpo_jax.rollout.policies) instead of the sampler. A reply is the original's answer
-text, `<answer>Up || Left</answer>` (think mode: `<think>` + a fixed templated sentence +
+from the policy (starpo_jax.rollout.policies) instead of the sampler. A reply is the original's
+answer text, `<answer>Up || Left</answer>` (think mode: `<think>` + a fixed templated sentence +
 `</think><answer>...`: a template, not reasoning), tokenised in JAX from host-encoded pieces and
 verified against `tokenizer.encode` when the encoder is built. Free-text envs (Countdown,
 Sudoku) have no action names: their policies return the answer's text as symbol ids

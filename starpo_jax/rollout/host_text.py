@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from starpo_jax.config import RolloutConfig
-from starpo_jax.text.codec import _token_bytes, chat_pieces
+from starpo_jax.text.codec import chat_pieces
 from starpo_jax.text.parse import reference_items, reference_match
 from starpo_jax.text.templates import (MAX_REWARD, PromptTemplate, default_template,
                                        intro_text, single_turn_user, user_message)
-from starpo_jax.text.token_bytes import TokenBytes
+from starpo_jax.text.token_bytes import TokenBytes, cached_token_byte_table
 
 # Room for the digits of turn numbers and budgets beyond the widest ones measured.
 _SLACK = 8
@@ -179,7 +179,7 @@ def build_host_text(tokenizer: Any, env: Any, config: RolloutConfig, *,
         action_names=None if names is None else tuple(names),
         forced_prefix_ids=tuple(tokenizer.encode(template.forced_prefix,
                                                  add_special_tokens=False)),
-        table=_token_bytes(tokenizer), max_tokens=config.announced_tokens,
+        table=cached_token_byte_table(tokenizer), max_tokens=config.announced_tokens,
         max_actions_per_turn=config.max_actions_per_turn, first_width=0, later_width=0,
         max_reply_bytes=max_reply_bytes)
     room = int(env.observation_tokens) + _SLACK

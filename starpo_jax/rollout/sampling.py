@@ -243,7 +243,12 @@ def generate_pure(
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "options"), donate_argnames=("cache",))
-def _generate_jit(graphdef, params, prompt_ids, prompt_lengths, key, cache, token_bytes, options):
+def generate_jit(graphdef: nnx.GraphDef, params: nnx.State, prompt_ids: jax.Array,
+                 prompt_lengths: jax.Array, key: jax.Array, cache: KVCache,
+                 token_bytes: tuple[jax.Array, jax.Array] | None,
+                 options: SamplingOptions) -> GenerateOutput:
+    """`generate_pure` (arguments as there) as its own compiled program, the cache donated:
+    what `generate` calls, and what experiments/bench/sampler.py lowers to time decoding."""
     return generate_pure(
         graphdef, params, prompt_ids, prompt_lengths, key, cache, token_bytes, options
     )
@@ -320,4 +325,4 @@ def generate(
             )
         table = (jnp.asarray(token_bytes.bytes), jnp.asarray(token_bytes.lengths))
     graphdef, params = nnx.split(model)
-    return _generate_jit(graphdef, params, prompt_ids, prompt_lengths, key, cache, table, options)
+    return generate_jit(graphdef, params, prompt_ids, prompt_lengths, key, cache, table, options)

@@ -7,8 +7,9 @@
     print(evaluator.samples_text(result))               # readable conversations
 
 Held-out states: training draws the initial states of iteration t from fold_in(run_key, t)
-(train/step.py); evaluation draws from fold_in(run_key, EVAL_STREAM), a value no step counter reaches,
-split into one key for the initial states and one for sampling. Both are fixed for a run, so
+(train/step.py); evaluation draws from fold_in(run_key, EVAL_STREAM), a value no step counter
+reaches, split into one key for the initial states and one for sampling. Both are fixed for a run,
+so
 every evaluation of a run meets the same `episodes` initial states with the same sampling noise
 (an evaluation is a deterministic function of the parameters; pass another `sample_key` to
 resample). Every env and both modes share the initial-state keys: the comparisons are paired.

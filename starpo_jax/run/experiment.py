@@ -317,19 +317,6 @@ def eval_envs(exp: Experiment, config: EvalConfig) -> dict[str, tuple[Any, Any]]
 # ---------------------------------------------------------------- SFT warm start (starpo_jax.run.sft)
 
 
-def sft_config(env: str, policy: str = "random", **rollout: Any) -> ConfigDict:
-    """An SFT run's config (default_config() plus its `sft` section; see starpo_jax.run.sft)."""
-    from starpo_jax.run import sft
-    return sft.sft_config(env, policy, **rollout)
-
-
-def build_sft(config: ConfigDict) -> Experiment:
-    """An SFT experiment: its step() is one supervised step on demonstrations (or sft.data),
-    its evaluator() adds the held-out loss. See starpo_jax.run.sft."""
-    from starpo_jax.run import sft
-    return sft.build(config)
-
-
 def demonstrations(exp: Experiment, policy: str | Callable[[Any, jax.Array], jax.Array],
                    key: jax.Array, groups: int | None = None) -> Any:
     """A Rollout of demonstrations in `exp`'s env, codec and rollout shape (`groups` initial

@@ -62,7 +62,7 @@ from starpo_jax.run.monitor import RunMonitor
 from starpo_jax.run.schema import AUTO_MEMORY, RUN_CONFIG_FILE, default_config, evaluated_config
 from starpo_jax.train.step import SKIPPED_UPDATES
 from starpo_jax.run.workdir import (RunFault, WorkdirLock, check_config, check_free_space,
-                                check_resumable, write_atomically)
+                                    check_resumable, write_atomically)
 
 # Keys a resumed run may change: they do not alter the numbers of any step.
 RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",

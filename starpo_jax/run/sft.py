@@ -6,8 +6,8 @@
     result = exp.evaluator().evaluate(exp.state.actor)   # held-out success, valid replies, loss
 
 Each step trains on rollout.groups x rollout.group_size rows: demonstrations made inside the
-step by the policy `sft.policy` (starpo_jax.rollout.demonstrations, starpo_jax.rollout.policies; fresh initial
-states every step, from fold_in(key, step)), or, with `sft.data` = a JSONL file of
+step by the policy `sft.policy` (starpo_jax.rollout.demonstrations, starpo_jax.rollout.policies;
+fresh initial states every step, from fold_in(key, step)), or, with `sft.data` = a JSONL file of
 `{"messages": [...]}` chat transcripts, rows drawn from its training part. The loss is the
 token-mean cross-entropy of the reply tokens (the loss mask), through the train step's forward
 (train.make_train_fns(...).sft: shared first prompt, optim.micro_batches, LoRA adapters or
@@ -39,8 +39,8 @@ import envs_host
 import envs_jax
 from starpo_jax.run import experiment
 from starpo_jax.rollout.demonstrations import (TokenizedRows, build_reply_encoder, demonstrate,
-                                       read_jsonl, tokenize_conversations, transcripts,
-                                       write_jsonl)
+                                               read_jsonl, tokenize_conversations, transcripts,
+                                               write_jsonl)
 from starpo_jax.run.evaluation import EvalResult, heldout_keys
 from starpo_jax.rollout.host import host_buffer_length
 from starpo_jax.rollout.host_text import HostText
@@ -96,8 +96,9 @@ def split_config(config: ConfigDict) -> tuple[ConfigDict, ConfigDict]:
     experiment.require_valid("sft.data", data, isinstance(data, str) and (not data or Path(
         data).is_file()), "'' (demonstrations) or the path of a JSONL file")
     h = section["heldout"]
-    experiment.require_valid("sft.heldout", h, isinstance(h, (int, float)) and not isinstance(h, bool)
-                      and 0 <= h < 1, "a number in [0, 1)")
+    experiment.require_valid("sft.heldout", h,
+                             isinstance(h, (int, float)) and not isinstance(h, bool) and 0 <= h < 1,
+                             "a number in [0, 1)")
     w = section["write_demos"]
     experiment.require_valid("sft.write_demos", w, isinstance(w, int) and not isinstance(w, bool)
                       and w >= 0, "an int >= 0")
@@ -171,8 +172,9 @@ class SftExperiment(experiment.Experiment):
 
     def evaluator(self) -> SftEvaluator:
         rows = self.heldout_rows()
-        inner = experiment.build_evaluator(dataclasses.replace(self, config=experiment.merged_config(
-            {k: v for k, v in self.config.to_dict().items() if k != "sft"})))
+        run_config = experiment.merged_config(
+            {k: v for k, v in self.config.to_dict().items() if k != "sft"})
+        inner = experiment.build_evaluator(dataclasses.replace(self, config=run_config))
         if rows is None:
             return SftEvaluator(inner, None)
         fns = _fns(self, self.train)

@@ -168,7 +168,7 @@ def options(train: TrainConfig, auto: tuple[str, ...], shape: StepShape) -> list
     caches = [("float32", c) for c in chunks] if "rollout.cache_dtype" in auto else \
         [(now.cache_dtype, c) for c in chunks]
     if train.rollout.sampler_dtype == "bfloat16" and "rollout.cache_dtype" in auto:
-        caches = [("bfloat16", c) for c in chunks]  # a bfloat16 sampler's cache is (rollout/jax_env.py)
+        caches = [("bfloat16", c) for c in chunks]  # a bfloat16 sampler's cache is (jax_env.py)
     elif "rollout.cache_dtype" in auto:
         caches.append(("bfloat16", chunks[-1]))
     found = [Settings(m, r, dtype, c) for dtype, c in caches for r in remat for m in micro]

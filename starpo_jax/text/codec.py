@@ -24,7 +24,6 @@ All methods take one row or any leading batch axes.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import flax.struct
@@ -36,7 +35,7 @@ from starpo_jax.text import blocks as bk
 from starpo_jax.text.parse import ParsedReply, ReplyParser, build_parser, parse
 from starpo_jax.text.single_turn import SingleTurn, build_single_turn
 from starpo_jax.text.templates import NO_THINK, THINK, PromptTemplate, default_template, env_intro
-from starpo_jax.text.token_bytes import TokenBytes, token_byte_table
+from starpo_jax.text.token_bytes import TokenBytes, cached_token_byte_table
 
 _SENTINELS = ("\x01SYS\x01", "\x01U1\x01", "\x01A1\x01", "\x01U2\x01", "\x01A2\x01")
 
@@ -290,7 +289,7 @@ def build_codec(
     )
     encode = lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     parser = build_parser(
-        _without_special_tokens(_token_bytes(tokenizer), tokenizer),
+        _without_special_tokens(cached_token_byte_table(tokenizer), tokenizer),
         env.action_names,
         think=template.think,
         separator=template.action_sep,
@@ -341,18 +340,6 @@ def _free_parts(env: Any) -> list[str | bk.Slot]:
             )
         parts.append(bk.Slot(part.name, tuple(part.symbols), part.sample))
     return parts
-
-
-_TOKEN_BYTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _token_bytes(tokenizer: Any) -> TokenBytes:
-    """`token_byte_table(tokenizer)`, built once per tokenizer (again if tokens were added)."""
-    size, table = _TOKEN_BYTES.get(tokenizer, (None, None))
-    if size != len(tokenizer):
-        table = token_byte_table(tokenizer)
-        _TOKEN_BYTES[tokenizer] = (len(tokenizer), table)
-    return table
 
 
 def _without_special_tokens(table: TokenBytes, tokenizer: Any) -> TokenBytes:

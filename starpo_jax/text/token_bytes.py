@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import re
+import weakref
 from typing import Any
 
 import numpy as np
@@ -162,3 +163,16 @@ def token_byte_table(tokenizer: Any, vocab_size: int | None = None) -> TokenByte
         table[index, : len(piece)] = np.frombuffer(piece, np.uint8)
         lengths[index] = len(piece)
     return TokenBytes(bytes=table, lengths=lengths)
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached_token_byte_table(tokenizer: Any) -> TokenBytes:
+    """`token_byte_table(tokenizer)`, built once per tokenizer (again if tokens were added):
+    the JAX envs' codec and the host envs' text share one table per tokenizer."""
+    size, table = _TABLES.get(tokenizer, (None, None))
+    if size != len(tokenizer):
+        table = token_byte_table(tokenizer)
+        _TABLES[tokenizer] = (len(tokenizer), table)
+    return table
