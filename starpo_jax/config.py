@@ -565,10 +565,16 @@ class TrainConfig:
 
     def vanilla(self) -> TrainConfig:
         """This config turned into vanilla StarPO: KL 0.001, symmetric clip 0.2, no filter
-        (whatever the filter's strategy: every group kept, zero-std ones too)."""
-        return dataclasses.replace(
-            self, filter=FilterConfig(keep_ratio=1.0),
-            loss=dataclasses.replace(self.loss, kl_coef=0.001, clip_low=0.2, clip_high=0.2))
+        (whatever the filter's strategy: every group kept, zero-std ones too): VANILLA_LOSS,
+        and the filter section replaced by FilterConfig(**VANILLA_FILTER)."""
+        return dataclasses.replace(self, filter=FilterConfig(**VANILLA_FILTER),
+                                   loss=dataclasses.replace(self.loss, **VANILLA_LOSS))
+
+
+# What TrainConfig.vanilla() sets (the `vanilla` switch of a run config, which refuses a config
+# that sets any of these keys, or any other key of the filter section, to another value).
+VANILLA_LOSS = {"kl_coef": 0.001, "clip_low": 0.2, "clip_high": 0.2}
+VANILLA_FILTER = {"keep_ratio": 1.0}  # the whole section: every other field at its default
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

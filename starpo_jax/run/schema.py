@@ -33,7 +33,8 @@ import envs_jax
 from envs_jax.catalog import BUILTIN
 from starpo_jax.config import (EMBEDDED_NAME, TINY_RANDOM_NAME, AdvantageConfig, CollapseConfig,
                                EvalConfig, FilterConfig, LoraConfig, LossConfig, MonitorConfig,
-                               OptimConfig, RolloutConfig, TrainConfig, default_eval_envs)
+                               OptimConfig, RolloutConfig, TrainConfig, VANILLA_FILTER,
+                               VANILLA_LOSS, default_eval_envs)
 from starpo_jax.run.workdir import read_json_object
 
 ConfigDict = config_dict.ConfigDict
@@ -81,7 +82,8 @@ def default_config() -> ConfigDict:
     (experiments/configs/quickstart.py).
 
     `vanilla=True` turns StarPO-S into vanilla StarPO (KL 0.001, symmetric clip 0.2, no
-    filter; it overrides those three keys). `nothink=True` starts replies with <answer>.
+    filter: vanilla_values(); a config that sets one of those keys away from its default, to
+    another value, is refused, named). `nothink=True` starts replies with <answer>.
     rollout.max_turns, max_actions_per_turn, max_actions_per_traj and announced_tokens: None
     = the env's own (envs_jax.settings(env.name), the original's per-env configs: bandit 1
     turn and 1 action, grid games 5 turns, 5 actions per turn, 10 per trajectory; all announce
@@ -293,7 +295,37 @@ def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
     if full.nothink:
         sections["rollout"] = dataclasses.replace(sections["rollout"], mode="nothink")
     result = kind(algo=full.algo, **sections)
+    if full.vanilla:
+        _check_vanilla(full)
     return result.vanilla() if full.vanilla else result
+
+
+def vanilla_values() -> dict[str, Any]:
+    """What `vanilla=True` sets, as "section.key" -> value (TrainConfig.vanilla(): the loss
+    keys of VANILLA_LOSS, and every key of the filter section: VANILLA_FILTER's, the rest at
+    their defaults)."""
+    values = {f"loss.{key}": value for key, value in VANILLA_LOSS.items()}
+    for field in dataclasses.fields(FilterConfig):
+        values[f"filter.{field.name}"] = VANILLA_FILTER.get(field.name, field.default)
+    return values
+
+
+def _check_vanilla(full: ConfigDict) -> None:
+    """Raises ValueError naming every key that `full` sets explicitly (away from its default)
+    to a value other than the one vanilla=True gives it: vanilla would drop it silently."""
+    defaults = default_config()
+    conflicts = []
+    for name, value in vanilla_values().items():
+        section, key = name.split(".")
+        given = full[section][key]
+        if given != defaults[section][key] and given != value:
+            conflicts.append(f"{name} = {given!r}")
+    if conflicts:
+        sets = ", ".join(f"{name} = {value!r}" for name, value in ((f'loss.{k}', v) for k, v in VANILLA_LOSS.items()))
+        raise ValueError(f"config.vanilla = True conflicts with {', '.join(conflicts)}: vanilla "
+                         f"sets {sets} and turns the filter off (filter.keep_ratio = 1.0, every "
+                         "other filter key at its default); valid: vanilla = False to keep "
+                         "those keys, or leave them unset")
 
 
 def _check_logging(section: ConfigDict) -> None:
