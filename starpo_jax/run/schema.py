@@ -31,6 +31,7 @@ from ml_collections import config_dict
 import envs_host
 import envs_jax
 from envs_jax.catalog import BUILTIN
+from starpo_jax.checks import is_int, require_valid
 from starpo_jax.config import (EMBEDDED_NAME, TINY_RANDOM_NAME, AdvantageConfig, CollapseConfig,
                                EvalConfig, FilterConfig, LoraConfig, LossConfig, MonitorConfig,
                                OptimConfig, RolloutConfig, TrainConfig, VANILLA_FILTER,
@@ -218,16 +219,6 @@ def _wrong_type(values: Any, section: ConfigDict, prefix: str = "") -> str | Non
     return None
 
 
-def require_valid(name: str, value: Any, ok: bool, valid: str) -> None:
-    """Raises ValueError naming config.`name`, its value and what is `valid`, unless `ok`."""
-    if not ok:
-        raise ValueError(f"config.{name} = {value!r} is invalid; valid: {valid}")
-
-
-def _is_int(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def _model_source_exists(source: Any) -> bool:
     """A known model name, an existing .gguf file or directory (what load_pretrained reads)."""
     if not isinstance(source, str) or not source:
@@ -265,9 +256,9 @@ def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
                              ("keep_checkpoints", full.keep_checkpoints, 1),
                              ("mesh.tp", full.mesh.tp, 1),
                              ("prompt.verify", full.prompt.verify, 0)):
-        require_valid(name, value, _is_int(value, low), f"an int >= {low}")
+        require_valid(name, value, is_int(value, low), f"an int >= {low}")
     for name in ("eval_every", "sample_every", "progress_after", "max_skipped_steps"):
-        require_valid(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
+        require_valid(name, full[name], is_int(full[name], 0), "an int >= 0 (0 = never)")
     for name in ("vanilla", "nothink", "check_memory"):
         require_valid(name, full[name], isinstance(full[name], bool), "True or False")
     require_valid("model.source", full.model.source, _model_source_exists(full.model.source),
