@@ -312,7 +312,7 @@ def _check_vanilla(full: ConfigDict) -> None:
         if given != defaults[section][key] and given != value:
             conflicts.append(f"{name} = {given!r}")
     if conflicts:
-        sets = ", ".join(f"{name} = {value!r}" for name, value in ((f'loss.{k}', v) for k, v in VANILLA_LOSS.items()))
+        sets = ", ".join(f"loss.{key} = {value!r}" for key, value in VANILLA_LOSS.items())
         raise ValueError(f"config.vanilla = True conflicts with {', '.join(conflicts)}: vanilla "
                          f"sets {sets} and turns the filter off (filter.keep_ratio = 1.0, every "
                          "other filter key at its default); valid: vanilla = False to keep "
