@@ -143,7 +143,8 @@ def default_config() -> ConfigDict:
     c.sample_every = 10
     # EvalConfig's defaults; envs and modes as comma-separated text (flags).
     c.eval = ConfigDict({field.name: field.default for field in dataclasses.fields(EvalConfig)
-                         if field.name not in ("envs", "modes")})
+                         if field.name not in ("envs", "modes", "seed")})
+    c.eval.seed = config_dict.placeholder(int)  # None = the run's seed; typed for overrides
     c.eval.update(envs="", modes=",".join(EvalConfig.modes))
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
