@@ -4,6 +4,7 @@ deterministically with the metric names users rely on."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -15,6 +16,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+import envs_jax  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.config import FilterConfig, LossConfig, RolloutConfig, TrainConfig  # noqa: E402
 from helpers.tiny import ISSUE_METRICS, tiny_config, tiny_experiment  # noqa: E402
@@ -77,6 +79,23 @@ def test_switches(vanilla, nothink, keep, kl, clip, mode):
     clips = (t.loss.clip_low, t.loss.clip_high)
     assert (t.filter.keep_ratio, t.loss.kl_coef, clips) == (keep, kl, clip)
     assert t.rollout.mode == mode
+
+
+def test_the_schema_defaults_are_the_dataclasses_but_the_keys_resolved_later():
+    from starpo_jax.run.schema import RESOLVED_LATER, SECTIONS
+
+    schema, differ = api.default_config(), {}
+    for section, kind in SECTIONS.items():
+        for field in dataclasses.fields(kind):
+            if field.name in schema[section]:
+                default = field.default_factory() if field.default is dataclasses.MISSING \
+                    else field.default
+                if schema[section][field.name] != default:
+                    differ[f"{section}.{field.name}"] = schema[section][field.name]
+    assert set(differ) == set(RESOLVED_LATER) and set(differ.values()) == {None}
+    assert len(RESOLVED_LATER) == 8  # 4 env settings, 4 memory knobs
+    grid = envs_jax.EnvSettings()  # what RolloutConfig's defaults stand for: the grid games'
+    assert all(getattr(RolloutConfig(), key) == getattr(grid, key) for key in api.ENV_SETTINGS)
 
 
 @pytest.mark.parametrize("key, value", [("loss.kl_coef", 0.01), ("loss.clip_low", 0.1),

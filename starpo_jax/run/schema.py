@@ -60,6 +60,17 @@ AUTO_MEMORY = "auto_memory"
 _DERIVED = {"rollout": ("mode",)}
 # rollout keys whose default (None) is the env's own setting (envs_jax.settings(env.name)).
 ENV_SETTINGS = tuple(field.name for field in dataclasses.fields(envs_jax.EnvSettings))
+# The only keys whose default here differs from starpo_jax.config's dataclass default, and why:
+# None here is resolved by train_config; the dataclass holds what None resolves to when nothing
+# else decides (a TrainConfig built in Python, check_memory=False). Every other key's default
+# is the dataclass's (tests/test_api.py checks both).
+RESOLVED_LATER = {
+    **{f"rollout.{key}": "the env's own (envs_jax.settings(env.name)); the dataclass holds the "
+       "grid games'" for key in ENV_SETTINGS},
+    **{f"{section}.{key}": "chosen from the compiled memory plan before step 1 (check_memory); "
+       "the dataclass holds the fastest setting, which check_memory=False takes"
+       for section, keys in AUTO.items() for key in keys},
+}
 
 
 def _section(name: str, **overrides: Any) -> ConfigDict:
