@@ -385,10 +385,8 @@ def _rollout_values(full: ConfigDict) -> dict[str, Any]:
     """The rollout section of a merged config, every unset env setting (None) taken from the
     env's (envs_jax.settings(env.name)); env.name must be registered."""
     values = full.rollout.to_dict()
-    if full.env.name in envs_host.names():  # a host env's class `defaults`, over EnvSettings'
-        given = getattr(envs_host.factory(full.env.name).func, "defaults", {})
-        env_settings = dataclasses.replace(
-            envs_jax.EnvSettings(), **{k: v for k, v in given.items() if k in ENV_SETTINGS})
+    if full.env.name in envs_host.names():
+        env_settings = host_env_settings(full.env.name)
     else:
         env_settings = (envs_jax.settings(full.env.name) if _registry_loaded()
                         else BUILTIN[full.env.name])
@@ -396,6 +394,21 @@ def _rollout_values(full: ConfigDict) -> dict[str, Any]:
         if values[key] is None:
             values[key] = getattr(env_settings, key)
     return _fastest("rollout", values)
+
+
+def host_env_settings(name: str) -> envs_jax.EnvSettings:
+    """The `settings` (an EnvSettings) of host env `name`'s class, read from the class: no
+    instance, no data loaded; EnvSettings() for a factory that is not a HostEnv class."""
+    made = envs_host.factory(name).func
+    if hasattr(made, "defaults"):  # the dict these settings were before they were EnvSettings
+        raise ValueError(f"host env {name!r} ({made.__module__}.{made.__qualname__}) sets "
+                         "`defaults`, which is no longer read; valid: `settings = "
+                         "envs_host.EnvSettings(max_turns=..., ...)`")
+    settings = getattr(made, "settings", envs_jax.EnvSettings())
+    if not isinstance(settings, envs_jax.EnvSettings):
+        raise ValueError(f"host env {name!r}: settings = {settings!r} is invalid; valid: an "
+                         "envs_host.EnvSettings")
+    return settings
 
 
 def _fastest(section: str, values: dict[str, Any]) -> dict[str, Any]:
