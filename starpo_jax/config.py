@@ -42,6 +42,9 @@ SAMPLER_DTYPES = ("model", "bfloat16")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # The dtypes a model may compute and store in (models/config.py's ModelConfig).
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
+# The dtypes a run may store its weights, KV cache or LoRA base in (model.dtype,
+# rollout.cache_dtype, lora.base_dtype): one tuple, named for each use below.
+RUN_DTYPES = ("float32", "bfloat16")
 # The named models load_pretrained knows (models/loading.py), besides paths.
 EMBEDDED_NAME = "smollm2-135m-instruct"
 TINY_RANDOM_NAME = "tiny-random"
@@ -62,10 +65,10 @@ VALUE_METRICS = ("entropy", "entropy_variance", "length")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 FILTER_MODES = ("std", "std_rev")
 TOP_P_WEIGHTS = ("linear", "softmax")
-CACHE_DTYPES = ("float32", "bfloat16")
+CACHE_DTYPES = RUN_DTYPES
 # What the model sees at each turn (RAGEN's agent_proxy.context_window_mode; starpo_jax.rollout.jax_env).
 CONTEXT_WINDOW_MODES = ("full", "limited_multi_turn", "single_turn")
-LORA_BASE_DTYPES = ("float32", "bfloat16")
+LORA_BASE_DTYPES = RUN_DTYPES
 
 
 def num_kept_groups(num_groups: int, keep_ratio: float) -> int:

@@ -34,7 +34,7 @@ from envs_jax.catalog import BUILTIN
 from starpo_jax.checks import is_int, require_valid
 from starpo_jax.config import (EMBEDDED_NAME, TINY_RANDOM_NAME, AdvantageConfig, CollapseConfig,
                                EvalConfig, FilterConfig, LoraConfig, LossConfig, MonitorConfig,
-                               OptimConfig, RolloutConfig, TrainConfig, VANILLA_FILTER,
+                               OptimConfig, RolloutConfig, RUN_DTYPES, TrainConfig, VANILLA_FILTER,
                                VANILLA_LOSS, default_eval_envs)
 from starpo_jax.run.workdir import read_json_object
 
@@ -42,7 +42,7 @@ ConfigDict = config_dict.ConfigDict
 SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": AdvantageConfig,
             "loss": LossConfig, "optim": OptimConfig, "collapse": CollapseConfig,
             "lora": LoraConfig}
-DTYPES = ("float32", "bfloat16")
+DTYPES = RUN_DTYPES  # model.dtype's
 # Dataclass fields that may be None: typed so that --config overrides parse.
 _OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str,
              "max_groups": int, "base_dtype": str, "micro_batches": int, "remat": bool,
