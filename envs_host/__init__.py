@@ -4,7 +4,7 @@ Importing this package registers the adapters whose libraries are importable; it
 import JAX (process pools spawn workers that import it).
 """
 
-from envs_host.base import HostEnv, HostEnvError
+from envs_host.base import EnvSettings, HostEnv, HostEnvError
 from envs_host.pool import EnvPool, Failure, PoolConfig
 from envs_host.registry import factory, make, names, register
 
@@ -12,5 +12,5 @@ from envs_host.registry import factory, make, names, register
 import envs_host.reasoning_gym_env  # noqa: E402, F401
 import envs_host.webshop  # noqa: E402, F401
 
-__all__ = ["EnvPool", "Failure", "HostEnv", "HostEnvError", "PoolConfig", "factory", "make",
-           "names", "register"]
+__all__ = ["EnvPool", "EnvSettings", "Failure", "HostEnv", "HostEnvError", "PoolConfig",
+           "factory", "make", "names", "register"]

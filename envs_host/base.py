@@ -19,8 +19,10 @@ Class attributes a subclass may set:
   non-empty item of the answer, split on the separator, is passed to `step` as it is);
 - `observation_tokens`: tokens reserved in the buffer for one observation (longer ones are
   truncated, and counted in the metrics);
-- `defaults`: rollout settings the env is meant for, e.g. {"max_turns": 1}
-  (`starpo_jax.run.host_train.config_for` applies them).
+- `settings`: the agent-side settings the env is meant for, an `EnvSettings` as a JAX env's
+  (envs_jax.catalog: max_turns, max_actions_per_turn, max_actions_per_traj, announced_tokens),
+  e.g. `EnvSettings(max_turns=1)`; a run config's rollout key left unset takes it
+  (starpo_jax.run.schema), as it takes a JAX env's.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from __future__ import annotations
 import abc
 import math
 import numbers
-from collections.abc import Mapping
 from typing import Any
+
+from envs_jax.catalog import EnvSettings
 
 
 class HostEnvError(ValueError):
@@ -42,7 +45,7 @@ class HostEnv(abc.ABC):
     instructions: str = ""
     action_names: tuple[str, ...] | None = None
     observation_tokens: int = 256
-    defaults: Mapping[str, Any] = {}
+    settings: EnvSettings = EnvSettings()
 
     @abc.abstractmethod
     def reset(self, seed: int) -> str:

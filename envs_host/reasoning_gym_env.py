@@ -17,6 +17,7 @@ from typing import Any
 
 from envs_host.base import HostEnv
 from envs_host.registry import register
+from envs_jax.catalog import ONE_SHOT
 
 
 class ReasoningGymEnv(HostEnv):
@@ -25,7 +26,7 @@ class ReasoningGymEnv(HostEnv):
     instructions = ("Solve the problem. Write your final answer, and nothing else, between the "
                     "answer tags.")
     observation_tokens = 256
-    defaults = {"max_turns": 1, "max_actions_per_turn": 1, "max_actions_per_traj": 1}
+    settings = ONE_SHOT  # one reply, one answer (the original's bandit / Countdown settings)
 
     def __init__(self, dataset: str, size: int = 100_000, dataset_seed: int = 0,
                  **dataset_config: Any):

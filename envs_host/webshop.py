@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from envs_host.base import HostEnv
+from envs_host.base import EnvSettings, HostEnv
 from envs_host.registry import register
 
 # The original's per-observation hints (its prompt wording).
@@ -84,7 +84,7 @@ class WebShopEnv(HostEnv):
         "hand painted], answer format: <answer>search[blanket with fleece throw]</answer>. "
         "Valid answer is search[<keywords>] or click[<clickable>].")
     observation_tokens = 1024
-    defaults = {"max_turns": 9, "max_actions_per_turn": 1, "max_actions_per_traj": 9}
+    settings = EnvSettings(max_turns=9, max_actions_per_turn=1, max_actions_per_traj=9)
 
     def __init__(self, text_env_factory: Callable[[], Any] | None = None, *,
                  split: str = "train", dataset: str = "small", **webshop_kwargs: Any):

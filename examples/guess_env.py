@@ -15,7 +15,7 @@ import envs_host
 
 class Guess(envs_host.HostEnv):
     instructions = "Guess the number between 1 and 9. Answer like <answer>5</answer>."
-    defaults = {"max_turns": 1}  # one guess per game
+    settings = envs_host.EnvSettings(max_turns=1)  # one guess per game
 
     def reset(self, seed):
         self.n = seed % 9 + 1

@@ -18,10 +18,11 @@ an estimator is named (AdvantageConfig) or checked (TrainConfig.check_estimator)
 from __future__ import annotations
 
 import dataclasses
-import math
+import inspect
 from typing import Any
 
-import inspect
+from starpo_jax.checks import (check_bool, check_choice, check_int, check_number, fail, is_int,
+                               is_number, require)
 
 ALGOS = ("ppo", "grpo")
 MODES = ("think", "nothink")
@@ -41,6 +42,9 @@ SAMPLER_DTYPES = ("model", "bfloat16")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # The dtypes a model may compute and store in (models/config.py's ModelConfig).
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
+# The dtypes a run may store its weights, KV cache or LoRA base in (model.dtype,
+# rollout.cache_dtype, lora.base_dtype): one tuple, named for each use below.
+RUN_DTYPES = ("float32", "bfloat16")
 # The named models load_pretrained knows (models/loading.py), besides paths.
 EMBEDDED_NAME = "smollm2-135m-instruct"
 TINY_RANDOM_NAME = "tiny-random"
@@ -61,39 +65,10 @@ VALUE_METRICS = ("entropy", "entropy_variance", "length")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 FILTER_MODES = ("std", "std_rev")
 TOP_P_WEIGHTS = ("linear", "softmax")
-CACHE_DTYPES = ("float32", "bfloat16")
+CACHE_DTYPES = RUN_DTYPES
 # What the model sees at each turn (RAGEN's agent_proxy.context_window_mode; starpo_jax.rollout.jax_env).
 CONTEXT_WINDOW_MODES = ("full", "limited_multi_turn", "single_turn")
-LORA_BASE_DTYPES = ("float32", "bfloat16")
-
-
-def _fail(owner: str, name: str, value: Any, valid: str) -> None:
-    raise ValueError(f"{owner}.{name} = {value!r} is invalid; valid: {valid}")
-
-
-def _int(owner: str, name: str, value: Any, low: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        _fail(owner, name, value, f"an int >= {low}")
-
-
-def _number(owner: str, name: str, value: Any, low: float, high: float, *, low_open: bool = False,
-            high_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low)
-    ok = ok and (value < high if high_open else value <= high)
-    if not ok:
-        _fail(owner, name, value, f"a number in {'(' if low_open else '['}{low}, {high}"
-                                  f"{')' if high_open else ']'}")
-
-
-def _bool(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        _fail(owner, name, value, "True or False")
-
-
-def _choice(owner: str, name: str, value: Any, options: tuple[str, ...]) -> None:
-    if value not in options:
-        _fail(owner, name, value, f"one of {options}")
+LORA_BASE_DTYPES = RUN_DTYPES
 
 
 def num_kept_groups(num_groups: int, keep_ratio: float) -> int:
@@ -173,22 +148,22 @@ class RolloutConfig:
         o = "rollout"
         for name in ("groups", "group_size", "max_turns", "max_actions_per_turn",
                      "max_actions_per_traj", "reply_tokens", "announced_tokens"):
-            _int(o, name, getattr(self, name))
-        _choice(o, "mode", self.mode, MODES)
-        _number(o, "temperature", self.temperature, 0.0, 100.0, low_open=True)
-        _number(o, "top_p", self.top_p, 0.0, 1.0, low_open=True)
-        _int(o, "top_k", self.top_k, low=0)
-        _number(o, "format_penalty", self.format_penalty, -100.0, 0.0)
-        _choice(o, "cache_dtype", self.cache_dtype, CACHE_DTYPES)
-        _choice(o, "sampler_dtype", self.sampler_dtype, SAMPLER_DTYPES)
-        _int(o, "chunks", self.chunks)
-        _bool(o, "shared_env_randomness", self.shared_env_randomness)
-        _choice(o, "context_window_mode", self.context_window_mode, CONTEXT_WINDOW_MODES)
+            check_int(f"{o}.{name}", getattr(self, name))
+        check_choice(f"{o}.mode", self.mode, MODES)
+        check_number(f"{o}.temperature", self.temperature, 0.0, 100.0, low_open=True)
+        check_number(f"{o}.top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_int(f"{o}.top_k", self.top_k, low=0)
+        check_number(f"{o}.format_penalty", self.format_penalty, -100.0, 0.0)
+        check_choice(f"{o}.cache_dtype", self.cache_dtype, CACHE_DTYPES)
+        check_choice(f"{o}.sampler_dtype", self.sampler_dtype, SAMPLER_DTYPES)
+        check_int(f"{o}.chunks", self.chunks)
+        check_bool(f"{o}.shared_env_randomness", self.shared_env_randomness)
+        check_choice(f"{o}.context_window_mode", self.context_window_mode, CONTEXT_WINDOW_MODES)
         k = self.max_context_window
         if not isinstance(k, int) or isinstance(k, bool) or k == 0 or k < -1:
-            _fail(o, "max_context_window", k, "-1 (every earlier turn) or an int >= 1")
+            fail(f"{o}.max_context_window", k, "-1 (every earlier turn) or an int >= 1")
         if self.groups % self.chunks:
-            _fail(o, "chunks", self.chunks, f"a divisor of rollout.groups = {self.groups}")
+            fail(f"{o}.chunks", self.chunks, f"a divisor of rollout.groups = {self.groups}")
 
     @property
     def batch_size(self) -> int:
@@ -250,20 +225,19 @@ class FilterConfig:
 
     def __post_init__(self) -> None:
         o = "filter"
-        _choice(o, "strategy", self.strategy, FILTER_STRATEGIES)
-        _choice(o, "metric", self.metric, FILTER_METRICS)
-        _choice(o, "loss_scaling", self.loss_scaling, LOSS_SCALINGS)
-        _number(o, "keep_ratio", self.keep_ratio, 0.0, 1.0, low_open=True)
-        _int(o, "keep_groups", self.keep_groups)
-        _number(o, "top_p", self.top_p, 0.0, 1.0, low_open=True)
-        _choice(o, "top_p_weights", self.top_p_weights, TOP_P_WEIGHTS)
-        _number(o, "top_p_eps", self.top_p_eps, 0.0, 1e6)
-        _number(o, "min_p", self.min_p, 0.0, 1.0, low_open=True)
-        if not isinstance(self.include_zero, bool):
-            _fail(o, "include_zero", self.include_zero, "True or False")
-        _choice(o, "mode", self.mode, FILTER_MODES)
+        check_choice(f"{o}.strategy", self.strategy, FILTER_STRATEGIES)
+        check_choice(f"{o}.metric", self.metric, FILTER_METRICS)
+        check_choice(f"{o}.loss_scaling", self.loss_scaling, LOSS_SCALINGS)
+        check_number(f"{o}.keep_ratio", self.keep_ratio, 0.0, 1.0, low_open=True)
+        check_int(f"{o}.keep_groups", self.keep_groups)
+        check_number(f"{o}.top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_choice(f"{o}.top_p_weights", self.top_p_weights, TOP_P_WEIGHTS)
+        check_number(f"{o}.top_p_eps", self.top_p_eps, 0.0, 1e6)
+        check_number(f"{o}.min_p", self.min_p, 0.0, 1.0, low_open=True)
+        check_bool(f"{o}.include_zero", self.include_zero)
+        check_choice(f"{o}.mode", self.mode, FILTER_MODES)
         if self.max_groups is not None:
-            _int(o, "max_groups", self.max_groups)
+            check_int(f"{o}.max_groups", self.max_groups)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -307,15 +281,15 @@ class AdvantageConfig:
         o = "advantage"
         if self.estimator is not None:
             from starpo_jax.algo.advantages import advantage_estimator_names  # JAX: only when named
-            _choice(o, "estimator", self.estimator, advantage_estimator_names())
+            check_choice(f"{o}.estimator", self.estimator, advantage_estimator_names())
         for name in ("gamma", "lam", "gamma_turn", "step_gamma"):
-            _number(o, name, getattr(self, name), 0.0, 1.0)
-        _choice(o, "grpo_mode", self.grpo_mode, GRPO_MODES)
-        _choice(o, "step_mode", self.step_mode, STEP_MODES)
-        _number(o, "omega", self.omega, 0.0, 1e3)
-        _choice(o, "reward_placement", self.reward_placement, REWARD_PLACEMENTS)
+            check_number(f"{o}.{name}", getattr(self, name), 0.0, 1.0)
+        check_choice(f"{o}.grpo_mode", self.grpo_mode, GRPO_MODES)
+        check_choice(f"{o}.step_mode", self.step_mode, STEP_MODES)
+        check_number(f"{o}.omega", self.omega, 0.0, 1e3)
+        check_choice(f"{o}.reward_placement", self.reward_placement, REWARD_PLACEMENTS)
         if self.whiten not in (None, True, False):
-            _fail(o, "whiten", self.whiten, "None, True or False")
+            fail(f"{o}.whiten", self.whiten, "None, True or False")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -347,16 +321,16 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         o = "loss"
-        _number(o, "clip_low", self.clip_low, 0.0, 1.0, high_open=True)
-        _number(o, "clip_high", self.clip_high, 0.0, 100.0)
+        check_number(f"{o}.clip_low", self.clip_low, 0.0, 1.0, high_open=True)
+        check_number(f"{o}.clip_high", self.clip_high, 0.0, 100.0)
         if self.dual_clip is not None:
-            _number(o, "dual_clip", self.dual_clip, 1.0, 1e6, low_open=True)
-        _choice(o, "agg", self.agg, AGG_MODES)
-        _number(o, "entropy_coef", self.entropy_coef, 0.0, 10.0)
-        _number(o, "kl_coef", self.kl_coef, 0.0, 100.0)
-        _choice(o, "kl_kind", self.kl_kind, KL_KINDS)
+            check_number(f"{o}.dual_clip", self.dual_clip, 1.0, 1e6, low_open=True)
+        check_choice(f"{o}.agg", self.agg, AGG_MODES)
+        check_number(f"{o}.entropy_coef", self.entropy_coef, 0.0, 10.0)
+        check_number(f"{o}.kl_coef", self.kl_coef, 0.0, 100.0)
+        check_choice(f"{o}.kl_kind", self.kl_kind, KL_KINDS)
         if self.value_clip is not None:
-            _number(o, "value_clip", self.value_clip, 0.0, 1e6, low_open=True)
+            check_number(f"{o}.value_clip", self.value_clip, 0.0, 1e6, low_open=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -397,15 +371,14 @@ class OptimConfig:
     def __post_init__(self) -> None:
         o = "optim"
         for name in ("actor_lr", "critic_lr"):
-            _number(o, name, getattr(self, name), 0.0, 10.0, low_open=True)
-        _number(o, "weight_decay", self.weight_decay, 0.0, 10.0)
-        _number(o, "max_grad_norm", self.max_grad_norm, 0.0, 1e6, low_open=True)
+            check_number(f"{o}.{name}", getattr(self, name), 0.0, 10.0, low_open=True)
+        check_number(f"{o}.weight_decay", self.weight_decay, 0.0, 10.0)
+        check_number(f"{o}.max_grad_norm", self.max_grad_norm, 0.0, 1e6, low_open=True)
         for name in ("ppo_epochs", "minibatch_rows", "rollout_reuse", "logit_chunk",
                      "micro_batches"):
-            _int(o, name, getattr(self, name))
+            check_int(f"{o}.{name}", getattr(self, name))
         for name in ("remat", "shared_prefix"):
-            if not isinstance(getattr(self, name), bool):
-                _fail(o, name, getattr(self, name), "True or False")
+            check_bool(f"{o}.{name}", getattr(self, name))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -419,8 +392,8 @@ class CollapseConfig:
     micro_rows: int = 16
 
     def __post_init__(self) -> None:
-        _int("collapse", "every", self.every, low=0)
-        _int("collapse", "micro_rows", self.micro_rows)
+        check_int("collapse.every", self.every, low=0)
+        check_int("collapse.micro_rows", self.micro_rows)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -443,16 +416,16 @@ class LoraConfig:
 
     def __post_init__(self) -> None:
         o = "lora"
-        _int(o, "rank", self.rank, low=0)
-        _number(o, "alpha", self.alpha, 0.0, 1e6, low_open=True)
+        check_int(f"{o}.rank", self.rank, low=0)
+        check_number(f"{o}.alpha", self.alpha, 0.0, 1e6, low_open=True)
         names = self.target_modules if isinstance(self.targets, str) else ()
         if not names or len(set(names)) != len(names) or not set(names) <= set(LORA_TARGETS):
-            _fail(o, "targets", self.targets, f"'all-linear' or comma-separated distinct names "
+            fail(f"{o}.targets", self.targets, f"'all-linear' or comma-separated distinct names "
                   f"from {LORA_TARGETS}")
         if self.base_dtype is not None:
-            _choice(o, "base_dtype", self.base_dtype, LORA_BASE_DTYPES)
+            check_choice(f"{o}.base_dtype", self.base_dtype, LORA_BASE_DTYPES)
             if self.rank == 0:
-                _fail(o, "base_dtype", self.base_dtype,
+                fail(f"{o}.base_dtype", self.base_dtype,
                       "None when lora.rank = 0 (LoRA off: the base weights are trained)")
 
     @property
@@ -477,33 +450,33 @@ class TrainConfig:
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
-        _choice("config", "algo", self.algo, ALGOS)
+        check_choice("config.algo", self.algo, ALGOS)
         for name, kind in (("rollout", RolloutConfig), ("filter", FilterConfig),
                            ("advantage", AdvantageConfig), ("loss", LossConfig),
                            ("optim", OptimConfig), ("collapse", CollapseConfig),
                            ("lora", LoraConfig)):
             if not isinstance(getattr(self, name), kind):
-                _fail("config", name, getattr(self, name), f"a {kind.__name__}")
+                fail(f"config.{name}", getattr(self, name), f"a {kind.__name__}")
         if self.collapse.every and self.rollout.turn_samples:
             # The original computes them only in the full mode (collapse_metrics.py).
-            _fail("collapse", "every", self.collapse.every,
+            fail("collapse.every", self.collapse.every,
                   f"0 (off): rollout.context_window_mode = "
                   f"{self.rollout.context_window_mode!r} has no whole conversation to score")
         if self.collapse.every and self.rollout.groups < 2:
-            _fail("collapse", "every", self.collapse.every,
+            fail("collapse.every", self.collapse.every,
                   f"0 (off): the metrics compare prompts and rollout.groups = "
                   f"{self.rollout.groups} gives one")
         if self.filter.strategy == "top_k_abs" and self.filter.keep_groups > self.rollout.groups:
-            _fail("filter", "keep_groups", self.filter.keep_groups,
+            fail("filter.keep_groups", self.filter.keep_groups,
                   f"an int in [1, rollout.groups = {self.rollout.groups}]")
         rows, per = self.kept_rows, self.optim.minibatch_rows
         if rows > per and rows % per:
-            _fail("optim", "minibatch_rows", per,
+            fail("optim.minibatch_rows", per,
                   f"a divisor of the {rows} kept rows (kept groups x group_size"
                   f"{' x max_turns' if self.rollout.turn_samples else ''}), or >= {rows}")
         rows //= self.minibatches
         if rows % self.optim.micro_batches:
-            _fail("optim", "micro_batches", self.optim.micro_batches,
+            fail("optim.micro_batches", self.optim.micro_batches,
                   f"a divisor of the {rows} rows of a mini-batch")
         self.check_estimator()
 
@@ -515,11 +488,11 @@ class TrainConfig:
         estimator = self.estimator
         critic = estimator_uses_critic(estimator)
         if self.algo == "grpo" and critic:
-            _fail("advantage", "estimator", estimator, "one without a critic for algo 'grpo' "
+            fail("advantage.estimator", estimator, "one without a critic for algo 'grpo' "
                   "(e.g. 'grpo'), or algo 'ppo'")
         if self.algo == "ppo" and not critic:
             # The critic trains on the estimator's returns; critic-free ones have none.
-            _fail("advantage", "estimator", estimator, "one with a critic for algo 'ppo' "
+            fail("advantage.estimator", estimator, "one with a critic for algo 'ppo' "
                   "('gae', 'bi_level_gae'), or algo 'grpo'")
         accepted = inspect.signature(get_advantage_estimator(estimator)).parameters
         for field in dataclasses.fields(AdvantageConfig):
@@ -527,7 +500,7 @@ class TrainConfig:
             value = getattr(self.advantage, field.name)
             if param is not None and param not in accepted and value != field.default:
                 names = [f for f, p in ESTIMATOR_PARAMS.items() if p in accepted]
-                _fail("advantage", field.name, value,
+                fail(f"advantage.{field.name}", value,
                       f"its default: estimator {estimator!r} does not read it (it reads: "
                       f"{', '.join(names) or 'none of them'})")
 
@@ -565,10 +538,16 @@ class TrainConfig:
 
     def vanilla(self) -> TrainConfig:
         """This config turned into vanilla StarPO: KL 0.001, symmetric clip 0.2, no filter
-        (whatever the filter's strategy: every group kept, zero-std ones too)."""
-        return dataclasses.replace(
-            self, filter=FilterConfig(keep_ratio=1.0),
-            loss=dataclasses.replace(self.loss, kl_coef=0.001, clip_low=0.2, clip_high=0.2))
+        (whatever the filter's strategy: every group kept, zero-std ones too): VANILLA_LOSS,
+        and the filter section replaced by FilterConfig(**VANILLA_FILTER)."""
+        return dataclasses.replace(self, filter=FilterConfig(**VANILLA_FILTER),
+                                   loss=dataclasses.replace(self.loss, **VANILLA_LOSS))
+
+
+# What TrainConfig.vanilla() sets (the `vanilla` switch of a run config, which refuses a config
+# that sets any of these keys, or any other key of the filter section, to another value).
+VANILLA_LOSS = {"kl_coef": 0.001, "clip_low": 0.2, "clip_high": 0.2}
+VANILLA_FILTER = {"keep_ratio": 1.0}  # the whole section: every other field at its default
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -586,26 +565,19 @@ class EvalConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.envs or not all(isinstance(e, str) and e for e in self.envs):
-            raise ValueError(f"eval.envs = {self.envs!r} is invalid; valid: one or more env names")
-        if len(set(self.envs)) != len(self.envs):
-            raise ValueError(f"eval.envs = {self.envs!r} names an env twice")
-        if not self.modes or any(m not in EVAL_MODES for m in self.modes) or \
-                len(set(self.modes)) != len(self.modes):
-            raise ValueError(f"eval.modes = {self.modes!r} is invalid; valid: distinct modes "
-                             f"from {EVAL_MODES}")
+        require("eval.envs", self.envs, bool(self.envs) and all(
+            isinstance(e, str) and e for e in self.envs), "one or more env names")
+        require("eval.envs", self.envs, len(set(self.envs)) == len(self.envs),
+                "env names, none twice")
+        require("eval.modes", self.modes, bool(self.modes) and set(self.modes) <= set(EVAL_MODES)
+                and len(set(self.modes)) == len(self.modes), f"distinct modes from {EVAL_MODES}")
         for name, low in (("episodes", 1), ("pass_k", 1), ("samples", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"eval.{name} = {value!r} is invalid; valid: an int >= {low}")
-        if self.seed is not None and (not isinstance(self.seed, int) or
-                                      isinstance(self.seed, bool) or self.seed < 0):
-            raise ValueError(f"eval.seed = {self.seed!r} is invalid; valid: None (the run's "
-                             "seed) or an int >= 0")
+            check_int(f"eval.{name}", getattr(self, name), low)
+        require("eval.seed", self.seed, self.seed is None or is_int(self.seed, 0),
+                "None (the run's seed) or an int >= 0")
         t = self.temperature
-        if not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t <= 100):
-            raise ValueError(f"eval.temperature = {self.temperature!r} is invalid; valid: a "
-                             "number in (0, 100] (the greedy mode takes the argmax)")
+        require("eval.temperature", t, is_number(t) and 0 < t <= 100,
+                "a number in (0, 100] (the greedy mode takes the argmax)")
 
 
 def default_eval_envs(train_env: str) -> tuple[str, ...]:
@@ -631,11 +603,10 @@ class MonitorConfig:
 
     def __post_init__(self) -> None:
         o = "monitor"
-        if not isinstance(self.enabled, bool):
-            _fail(o, "enabled", self.enabled, "True or False")
-        _number(o, "drop", self.drop, 0.0, 1.0, low_open=True, high_open=True)
-        _number(o, "reward_drop", self.reward_drop, 0.0, 1.0)
-        _number(o, "spike", self.spike, 1.0, 1e6, low_open=True)
-        _int(o, "warmup", self.warmup, low=0)
-        _number(o, "smoothing", self.smoothing, 0.0, 1.0, high_open=True)
-        _choice(o, "action", self.action, ACTIONS)
+        check_bool(f"{o}.enabled", self.enabled)
+        check_number(f"{o}.drop", self.drop, 0.0, 1.0, low_open=True, high_open=True)
+        check_number(f"{o}.reward_drop", self.reward_drop, 0.0, 1.0)
+        check_number(f"{o}.spike", self.spike, 1.0, 1e6, low_open=True)
+        check_int(f"{o}.warmup", self.warmup, low=0)
+        check_number(f"{o}.smoothing", self.smoothing, 0.0, 1.0, high_open=True)
+        check_choice(f"{o}.action", self.action, ACTIONS)

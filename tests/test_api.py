@@ -4,6 +4,7 @@ deterministically with the metric names users rely on."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -15,6 +16,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+import envs_jax  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.config import FilterConfig, LossConfig, RolloutConfig, TrainConfig  # noqa: E402
 from helpers.tiny import ISSUE_METRICS, tiny_config, tiny_experiment  # noqa: E402
@@ -77,6 +79,66 @@ def test_switches(vanilla, nothink, keep, kl, clip, mode):
     clips = (t.loss.clip_low, t.loss.clip_high)
     assert (t.filter.keep_ratio, t.loss.kl_coef, clips) == (keep, kl, clip)
     assert t.rollout.mode == mode
+
+
+def test_the_schema_defaults_are_the_dataclasses_but_the_keys_resolved_later():
+    from starpo_jax.run.schema import RESOLVED_LATER, SECTIONS
+
+    schema, differ = api.default_config(), {}
+    for section, kind in SECTIONS.items():
+        for field in dataclasses.fields(kind):
+            if field.name in schema[section]:
+                default = field.default_factory() if field.default is dataclasses.MISSING \
+                    else field.default
+                if schema[section][field.name] != default:
+                    differ[f"{section}.{field.name}"] = schema[section][field.name]
+    assert set(differ) == set(RESOLVED_LATER) and set(differ.values()) == {None}
+    assert len(RESOLVED_LATER) == 8  # 4 env settings, 4 memory knobs
+    grid = envs_jax.EnvSettings()  # what RolloutConfig's defaults stand for: the grid games'
+    assert all(getattr(RolloutConfig(), key) == getattr(grid, key) for key in api.ENV_SETTINGS)
+
+
+@pytest.mark.parametrize("key, value", [("loss.kl_coef", 0.01), ("loss.clip_low", 0.1),
+                                        ("loss.clip_high", 0.28 + 0.02),
+                                        ("filter.keep_ratio", 0.5), ("filter.strategy", "top_p"),
+                                        ("filter.max_groups", 2),
+                                        ("filter.loss_scaling", "linear")])
+def test_vanilla_refuses_an_explicit_key_it_would_override(key, value):
+    config = _with(key, value)
+    config["vanilla"] = True
+    with pytest.raises(ValueError) as error:
+        api.check_config(config)
+    text = str(error.value)
+    assert "\n" not in text and f"{key} = {value!r}" in text
+    assert "vanilla sets loss.kl_coef = 0.001, loss.clip_low = 0.2, loss.clip_high = 0.2" in text
+    config["vanilla"] = False  # the key is fine without the switch
+    api.check_config(config)
+
+
+def test_vanilla_accepts_keys_at_their_default_or_at_vanillas_value():
+    config = _with("loss.kl_coef", 0.0)  # the schema's default, written out
+    config["vanilla"] = True
+    config["loss"].update(clip_high=0.2, clip_low=0.2)  # what vanilla sets anyway
+    config["filter"].update(keep_ratio=1.0, strategy="top_k")
+    train = api.train_config(config)
+    assert (train.loss.kl_coef, train.loss.clip_high, train.filter) == (
+        0.001, 0.2, FilterConfig(keep_ratio=1.0))
+    from starpo_jax.run.schema import vanilla_values
+    assert vanilla_values()["filter.keep_ratio"] == 1.0
+
+
+def test_a_vanilla_runs_config_json_reads_back_and_resumes(tmp_path):
+    from starpo_jax.run.workdir import check_config
+
+    config = tiny_config()
+    config.vanilla = True
+    saved = api.merged_config(config)  # what run/loop.py writes as config.json
+    (tmp_path / "config.json").write_text(saved.to_json())
+    again, _ = api.read_run_config(tmp_path)
+    assert again.vanilla and again.loss.kl_coef == 0.0  # the switch is stored, not its values
+    assert api.train_config(again).loss.kl_coef == 0.001
+    check_config(tmp_path / "config.json", saved.to_dict(), True, (), has_checkpoints=True,
+                 defaults=api.default_config().to_dict())
 
 
 @pytest.mark.parametrize("env", ["bandit", "sokoban", "frozen_lake"])

@@ -115,7 +115,7 @@ def _one_line(stderr: str) -> str:
 # run.py: (extra argv after --config bandit_ppo.py unless it gives its own --config,
 #          substrings of the error line). "{files}" is the fixture's directory.
 RUN_CASES = [
-    (["--config.steps=abc"], ["error: flag --config.steps=abc: invalid literal for int()"]),
+    (["--config.steps=abc"], ["error: flag --config.steps=abc: 'abc' is not of type int"]),
     (["--config.steps=0"], ["config.steps = 0", "an int >= 1"]),
     (["--config.seed=-1"], ["config.seed = -1", "an int >= 0"]),
     (["--config.rollout.groups=0"], ["rollout.groups = 0", "an int >= 1"]),
@@ -344,7 +344,8 @@ _AT_EXIT = ("import atexit, runpy, sys; atexit.register(lambda: print('imported:
 
 
 @pytest.mark.parametrize("script, argv, expected, heavy", [
-    ("run.py", ["--config.steps=abc"], "error: flag --config.steps=abc: invalid literal", []),
+    ("run.py", ["--config.steps=abc"], "error: flag --config.steps=abc: 'abc' is not of type int",
+     []),
     ("run.py", ["--config.rollout.groups=0"], "rollout.groups = 0 is invalid", []),
     ("run.py", ["--config.env.name=sokobn"], "config.env.name = 'sokobn' is invalid", []),
     ("run.py", ["--config.stepz=1"], "unknown --config override key", []),

@@ -2,7 +2,8 @@
 docs/quickstart.md run as written, in order (the tiny random model in place of SmolLM2, the
 default model), the quickstart's expected console line has the run's shape, install commands
 name extras that exist, the development page's test commands are CI's, and every relative
-link (and #anchor) in README.md and docs/ resolves."""
+link (and #anchor) in README.md and docs/ resolves, and docs/configuration.md's tables name
+every key of the config schema and no other."""
 
 from __future__ import annotations
 
@@ -112,6 +113,46 @@ def test_install_commands_name_what_exists():
         if '"jax[' in command:
             assert any(d.startswith("jax") for d in project["dependencies"]), command
     assert WHEEL_REQUIREMENT in README.read_text()
+
+
+def table_keys(text: str) -> set[str]:
+    """The config keys the key column of a page's tables names: `section.key` names that key
+    and makes `section` the row's section for the bare names after it (`clip_high`),
+    `section.*` names the whole section, a bare name before any dotted one a top-level key."""
+    keys = set()
+    for line in text.splitlines():
+        if not line.startswith("| `"):
+            continue
+        section = ""
+        for name in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            if "." in name:
+                section = name.partition(".")[0]
+                keys.add(name)
+            else:
+                keys.add(f"{section}.{name}" if section else name)
+    return keys
+
+
+def flat_keys(config, prefix: str = "") -> set[str]:
+    return {key for name, value in config.items()
+            for key in (flat_keys(value, f"{prefix}{name}.") if hasattr(value, "keys")
+                        else {prefix + name})}
+
+
+def test_the_configuration_page_tables_every_key_of_the_schema_and_no_other():
+    from starpo_jax.run.schema import default_config
+
+    schema = flat_keys(default_config())
+    named = table_keys((ROOT / "docs" / "configuration.md").read_text())
+    whole = {key[:-2] for key in named if key.endswith(".*")}
+    assert whole <= {key.partition(".")[0] for key in schema}, whole
+    missing = sorted(key for key in schema if key not in named
+                     and key.partition(".")[0] not in whole)
+    unknown = sorted(key for key in named if not key.endswith(".*") and key not in schema)
+    assert not missing, f"docs/configuration.md's tables lack {missing}"
+    assert not unknown, f"docs/configuration.md's tables name keys the schema lacks: {unknown}"
+    assert table_keys("| `loss.clip_low`, `agg` | x |\n| `seed`, `eval.*` | y |") == {
+        "loss.clip_low", "loss.agg", "seed", "eval.*"}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

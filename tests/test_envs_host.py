@@ -154,3 +154,30 @@ def test_reasoning_gym_adapter_scores_with_the_dataset():
     env.reset(3)
     obs, reward, done, info = env.step("no idea")
     assert (obs, reward, done, info["success"]) == ("Incorrect.", 0.0, True, False)
+
+
+class OneGuess(Scripted):
+    settings = envs_host.EnvSettings(max_turns=1, max_actions_per_traj=3)
+
+
+class OldStyle(Scripted):
+    defaults = {"max_turns": 1}  # the dict host envs declared before EnvSettings
+
+
+def test_a_host_env_s_settings_fill_the_rollout_keys_left_unset():
+    from starpo_jax.run import schema
+
+    envs_host.register("settings_one_guess", OneGuess)
+    envs_host.register("settings_old_style", OldStyle)
+    c = schema.config_for("settings_one_guess", "grpo", groups=2, group_size=2)
+    c.model.source = "tiny-random"
+    rollout = schema.train_config(c).rollout
+    assert (rollout.max_turns, rollout.max_actions_per_turn, rollout.max_actions_per_traj,
+            rollout.announced_tokens) == (1, 5, 3, 100)  # the rest: EnvSettings' defaults
+    c.rollout.max_turns = 2  # a key the config sets wins
+    assert schema.train_config(c).rollout.max_turns == 2
+    assert schema.host_env_settings("settings_one_guess") is OneGuess.settings
+    c.env.name = "settings_old_style"
+    with pytest.raises(ValueError, match=r"^host env 'settings_old_style' \(.*OldStyle\) sets "
+                                         r"`defaults`, which is no longer read; valid: "):
+        schema.check_config(c)

@@ -25,8 +25,7 @@ _EXP = {}
 
 def _experiment() -> api.Experiment:
     if "exp" not in _EXP:
-        c = host_train.config_for("rg_chain_sum", "grpo", groups=2, group_size=2,
-                                  reply_tokens=4)
+        c = api.config_for("rg_chain_sum", "grpo", groups=2, group_size=2, reply_tokens=4)
         c.model.source = "tiny-random"
         c.nothink = True
         c.host.workers = 2
@@ -107,7 +106,7 @@ def test_host_evaluation_is_held_out_and_reads_the_envs_questions():
 
 
 def test_host_env_config_mistakes_are_named():
-    c = host_train.config_for("rg_chain_sum", "grpo")
+    c = api.config_for("rg_chain_sum", "grpo")
     c.eval.envs = "bandit"
     with pytest.raises(ValueError, match="eval.envs = 'bandit' is invalid; valid: "
                                          r"comma-separated names from \(.*'rg_chain_sum'"):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import difflib
 import io
 import itertools
 from typing import Any, Callable, Mapping, Sequence
@@ -33,17 +32,15 @@ import numpy as np
 from ml_collections import config_dict
 
 from starpo_jax.run import experiment
+from starpo_jax.run.overrides import (NOT_SWEPT, GridAxis, field,  # noqa: F401 (API)
+                                      parse_grid, parse_overrides)
 from starpo_jax.train.collapse import drop_uncomputed
 from starpo_jax.train.step import TrainState, init_train_state
 
 ConfigDict = config_dict.ConfigDict
 Metrics = dict[str, float]
 History = dict[int, list[Metrics]]  # seed -> one metrics dict per step, step 1 first
-GridAxis = tuple[str, tuple[Any, ...]]  # (dotted config key, its values in the given order)
 OnStep = Callable[[tuple[int, ...], int, list[Metrics]], None]  # (seeds, step, their metrics)
-# Keys a grid may not sweep: seeds have their own flag, and these only shape the output.
-NOT_SWEPT = ("seed", "log_every", "checkpoint_every", "keep_checkpoints")
-_TRUE, _FALSE = ("true", "True", "1"), ("false", "False", "0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,84 +65,6 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def _field(base: ConfigDict, key: str) -> tuple[ConfigDict, str]:
-    """The section holding dotted `key` and the key's last part; ValueError if unknown."""
-    parts = key.split(".")
-    section = base
-    for i, name in enumerate(parts):
-        known = sorted(section.keys()) if isinstance(section, ConfigDict) else []
-        if name not in known:
-            prefix = "".join(part + "." for part in parts[:i])
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {prefix + close[0]!r}?)" if close else ""
-            where = f" in {prefix[:-1]!r}" if prefix else ""
-            raise ValueError(f"--grid: unknown config key {key!r}{hint}; valid keys{where}: "
-                             f"{known}")
-        if i < len(parts) - 1:
-            section = section[name]
-    return section, parts[-1]
-
-
-def _parse_value(key: str, text: str, kind: type) -> Any:
-    """One grid value, typed like the config field it overrides ('None' clears it)."""
-    text = text.strip()
-    if text == "None":
-        return None
-    try:
-        if kind is bool:
-            if text not in _TRUE + _FALSE:
-                raise ValueError
-            return text in _TRUE
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
-    except ValueError:
-        raise ValueError(f"--grid {key}: {text!r} is not of type {kind.__name__} (that of "
-                         f"config.{key})") from None
-    if kind is str:
-        return text
-    raise ValueError(f"--grid {key}: config.{key} holds a {kind.__name__}, which a grid cannot "
-                     "set; valid: keys holding a bool, int, float or str")
-
-
-def parse_grid(specs: Sequence[str], base: ConfigDict) -> list[GridAxis]:
-    """['loss.kl_coef=0,0.001', ...] -> [('loss.kl_coef', (0.0, 0.001)), ...], each value typed
-    like `base`'s field. Raises ValueError naming an unknown key, a repeated key, a key that
-    may not be swept or a value of the wrong type."""
-    grid: list[GridAxis] = []
-    for spec in specs:
-        key, sep, values = spec.partition("=")
-        key = key.strip()
-        if not sep or not key or not values.strip():
-            raise ValueError(f"--grid {spec!r}: expected KEY=VALUE[,VALUE...], e.g. "
-                             "filter.keep_ratio=0.25,1.0")
-        if key in NOT_SWEPT:
-            raise ValueError(f"--grid {spec!r}: {key!r} cannot be swept"
-                             f"{' (use --seeds)' if key == 'seed' else ''}")
-        if any(key == k for k, _ in grid):
-            raise ValueError(f"--grid {spec!r}: key {key!r} is given twice")
-        section, leaf = _field(base, key)
-        parsed = tuple(_parse_value(key, v, section.get_type(leaf)) for v in values.split(","))
-        if len(set(map(repr, parsed))) != len(parsed):
-            raise ValueError(f"--grid {spec!r}: a value is repeated")
-        grid.append((key, parsed))
-    return grid
-
-
-def parse_overrides(specs: Sequence[str], base: ConfigDict, flag: str = "--set") -> dict[str, Any]:
-    """['model.source=/m', ...] -> {'model.source': '/m', ...}: parse_grid's checks, one value
-    per key; errors name `flag` (the command's own option) instead of --grid."""
-    try:
-        grid = parse_grid(specs, base)
-    except ValueError as error:
-        raise ValueError(str(error).replace("--grid", flag)) from None
-    for key, values in grid:
-        if len(values) != 1:
-            raise ValueError(f"{flag} {key}: one value, not {len(values)}")
-    return {key: values[0] for key, values in grid}
-
-
 def settings(grid: Sequence[GridAxis]) -> list[dict[str, Any]]:
     """Every combination of the grid, the last key varying fastest; [{}] for an empty grid."""
     keys = [key for key, _ in grid]
@@ -164,7 +83,7 @@ def setting_config(base: ConfigDict, setting: Mapping[str, Any], seed: int | Non
     config's: sft.split_config)."""
     config = base.copy_and_resolve_references()
     for key, value in setting.items():
-        section, leaf = _field(config, key)
+        section, leaf = field(config, key)
         try:
             section[leaf] = value
         except TypeError as error:

@@ -152,6 +152,9 @@ def parse_first(check: Callable[[], None], argv: list[str] | None = None,
 
 def _define(argv: list[str] | None, define_flags: Callable[[], None] | None,
             config_dir: Path | None) -> None:
+    from starpo_jax.run.overrides import use_for_config_flags
+
+    use_for_config_flags()  # --config.KEY=VALUE read as --set and --grid read it
     if config_dir is not None:
         check_config_file(argv or sys.argv, config_dir)
     if define_flags is not None:

@@ -1,6 +1,6 @@
 """Training on a host env: the host rollout, then the compiled `learn` (prepare + update).
 
-    config = host_train.config_for("rg_chain_sum", "grpo")   # the env's own rollout defaults
+    config = experiment.config_for("rg_chain_sum", "grpo")  # the env's settings: its class's
     exp = experiment.build(config)          # for a name in envs_host: an Experiment whose step is
     exp.step()                       # host_rollout + jit(learn), same keys as the JAX step
 
@@ -33,16 +33,6 @@ from starpo_jax.rollout.host_text import HostText, build_host_text
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.lora import adapted, policy_structure
 from starpo_jax.train.step import Metrics, TrainState, make_train_fns
-
-
-def config_for(name: str, algo: str, **rollout: Any) -> Any:
-    """api.config_for(name, algo) with the host env's own `defaults` (e.g. max_turns=1),
-    then `rollout` on top."""
-    from starpo_jax.run import experiment
-
-    # A registered class's `defaults` (read from the class: no instance, no data loaded).
-    env_defaults = dict(getattr(envs_host.factory(name).func, "defaults", {}))
-    return experiment.config_for(name, algo, **{**env_defaults, **rollout})
 
 
 class HostTrainStep:

@@ -31,16 +31,18 @@ from ml_collections import config_dict
 import envs_host
 import envs_jax
 from envs_jax.catalog import BUILTIN
+from starpo_jax.checks import is_int, require_valid
 from starpo_jax.config import (EMBEDDED_NAME, TINY_RANDOM_NAME, AdvantageConfig, CollapseConfig,
                                EvalConfig, FilterConfig, LoraConfig, LossConfig, MonitorConfig,
-                               OptimConfig, RolloutConfig, TrainConfig, default_eval_envs)
+                               OptimConfig, RolloutConfig, RUN_DTYPES, TrainConfig, VANILLA_FILTER,
+                               VANILLA_LOSS, default_eval_envs)
 from starpo_jax.run.workdir import read_json_object
 
 ConfigDict = config_dict.ConfigDict
 SECTIONS = {"rollout": RolloutConfig, "filter": FilterConfig, "advantage": AdvantageConfig,
             "loss": LossConfig, "optim": OptimConfig, "collapse": CollapseConfig,
             "lora": LoraConfig}
-DTYPES = ("float32", "bfloat16")
+DTYPES = RUN_DTYPES  # model.dtype's
 # Dataclass fields that may be None: typed so that --config overrides parse.
 _OPTIONAL = {"dual_clip": float, "value_clip": float, "whiten": bool, "estimator": str,
              "max_groups": int, "base_dtype": str, "micro_batches": int, "remat": bool,
@@ -58,6 +60,17 @@ AUTO_MEMORY = "auto_memory"
 _DERIVED = {"rollout": ("mode",)}
 # rollout keys whose default (None) is the env's own setting (envs_jax.settings(env.name)).
 ENV_SETTINGS = tuple(field.name for field in dataclasses.fields(envs_jax.EnvSettings))
+# The only keys whose default here differs from starpo_jax.config's dataclass default, and why:
+# None here is resolved by train_config; the dataclass holds what None resolves to when nothing
+# else decides (a TrainConfig built in Python, check_memory=False). Every other key's default
+# is the dataclass's (tests/test_api.py checks both).
+RESOLVED_LATER = {
+    **{f"rollout.{key}": "the env's own (envs_jax.settings(env.name)); the dataclass holds the "
+       "grid games'" for key in ENV_SETTINGS},
+    **{f"{section}.{key}": "chosen from the compiled memory plan before step 1 (check_memory); "
+       "the dataclass holds the fastest setting, which check_memory=False takes"
+       for section, keys in AUTO.items() for key in keys},
+}
 
 
 def _section(name: str, **overrides: Any) -> ConfigDict:
@@ -81,7 +94,8 @@ def default_config() -> ConfigDict:
     (experiments/configs/quickstart.py).
 
     `vanilla=True` turns StarPO-S into vanilla StarPO (KL 0.001, symmetric clip 0.2, no
-    filter; it overrides those three keys). `nothink=True` starts replies with <answer>.
+    filter: vanilla_values(); a config that sets one of those keys away from its default, to
+    another value, is refused, named). `nothink=True` starts replies with <answer>.
     rollout.max_turns, max_actions_per_turn, max_actions_per_traj and announced_tokens: None
     = the env's own (envs_jax.settings(env.name), the original's per-env configs: bandit 1
     turn and 1 action, grid games 5 turns, 5 actions per turn, 10 per trajectory; all announce
@@ -140,7 +154,8 @@ def default_config() -> ConfigDict:
     c.sample_every = 10
     # EvalConfig's defaults; envs and modes as comma-separated text (flags).
     c.eval = ConfigDict({field.name: field.default for field in dataclasses.fields(EvalConfig)
-                         if field.name not in ("envs", "modes")})
+                         if field.name not in ("envs", "modes", "seed")})
+    c.eval.seed = config_dict.placeholder(int)  # None = the run's seed; typed for overrides
     c.eval.update(envs="", modes=",".join(EvalConfig.modes))
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
@@ -216,16 +231,6 @@ def _wrong_type(values: Any, section: ConfigDict, prefix: str = "") -> str | Non
     return None
 
 
-def require_valid(name: str, value: Any, ok: bool, valid: str) -> None:
-    """Raises ValueError naming config.`name`, its value and what is `valid`, unless `ok`."""
-    if not ok:
-        raise ValueError(f"config.{name} = {value!r} is invalid; valid: {valid}")
-
-
-def _is_int(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def _model_source_exists(source: Any) -> bool:
     """A known model name, an existing .gguf file or directory (what load_pretrained reads)."""
     if not isinstance(source, str) or not source:
@@ -263,9 +268,9 @@ def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
                              ("keep_checkpoints", full.keep_checkpoints, 1),
                              ("mesh.tp", full.mesh.tp, 1),
                              ("prompt.verify", full.prompt.verify, 0)):
-        require_valid(name, value, _is_int(value, low), f"an int >= {low}")
+        require_valid(name, value, is_int(value, low), f"an int >= {low}")
     for name in ("eval_every", "sample_every", "progress_after", "max_skipped_steps"):
-        require_valid(name, full[name], _is_int(full[name], 0), "an int >= 0 (0 = never)")
+        require_valid(name, full[name], is_int(full[name], 0), "an int >= 0 (0 = never)")
     for name in ("vanilla", "nothink", "check_memory"):
         require_valid(name, full[name], isinstance(full[name], bool), "True or False")
     require_valid("model.source", full.model.source, _model_source_exists(full.model.source),
@@ -293,7 +298,37 @@ def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
     if full.nothink:
         sections["rollout"] = dataclasses.replace(sections["rollout"], mode="nothink")
     result = kind(algo=full.algo, **sections)
+    if full.vanilla:
+        _check_vanilla(full)
     return result.vanilla() if full.vanilla else result
+
+
+def vanilla_values() -> dict[str, Any]:
+    """What `vanilla=True` sets, as "section.key" -> value (TrainConfig.vanilla(): the loss
+    keys of VANILLA_LOSS, and every key of the filter section: VANILLA_FILTER's, the rest at
+    their defaults)."""
+    values = {f"loss.{key}": value for key, value in VANILLA_LOSS.items()}
+    for field in dataclasses.fields(FilterConfig):
+        values[f"filter.{field.name}"] = VANILLA_FILTER.get(field.name, field.default)
+    return values
+
+
+def _check_vanilla(full: ConfigDict) -> None:
+    """Raises ValueError naming every key that `full` sets explicitly (away from its default)
+    to a value other than the one vanilla=True gives it: vanilla would drop it silently."""
+    defaults = default_config()
+    conflicts = []
+    for name, value in vanilla_values().items():
+        section, key = name.split(".")
+        given = full[section][key]
+        if given != defaults[section][key] and given != value:
+            conflicts.append(f"{name} = {given!r}")
+    if conflicts:
+        sets = ", ".join(f"loss.{key} = {value!r}" for key, value in VANILLA_LOSS.items())
+        raise ValueError(f"config.vanilla = True conflicts with {', '.join(conflicts)}: vanilla "
+                         f"sets {sets} and turns the filter off (filter.keep_ratio = 1.0, every "
+                         "other filter key at its default); valid: vanilla = False to keep "
+                         "those keys, or leave them unset")
 
 
 def _check_logging(section: ConfigDict) -> None:
@@ -350,10 +385,8 @@ def _rollout_values(full: ConfigDict) -> dict[str, Any]:
     """The rollout section of a merged config, every unset env setting (None) taken from the
     env's (envs_jax.settings(env.name)); env.name must be registered."""
     values = full.rollout.to_dict()
-    if full.env.name in envs_host.names():  # a host env's class `defaults`, over EnvSettings'
-        given = getattr(envs_host.factory(full.env.name).func, "defaults", {})
-        env_settings = dataclasses.replace(
-            envs_jax.EnvSettings(), **{k: v for k, v in given.items() if k in ENV_SETTINGS})
+    if full.env.name in envs_host.names():
+        env_settings = host_env_settings(full.env.name)
     else:
         env_settings = (envs_jax.settings(full.env.name) if _registry_loaded()
                         else BUILTIN[full.env.name])
@@ -361,6 +394,21 @@ def _rollout_values(full: ConfigDict) -> dict[str, Any]:
         if values[key] is None:
             values[key] = getattr(env_settings, key)
     return _fastest("rollout", values)
+
+
+def host_env_settings(name: str) -> envs_jax.EnvSettings:
+    """The `settings` (an EnvSettings) of host env `name`'s class, read from the class: no
+    instance, no data loaded; EnvSettings() for a factory that is not a HostEnv class."""
+    made = envs_host.factory(name).func
+    if hasattr(made, "defaults"):  # the dict these settings were before they were EnvSettings
+        raise ValueError(f"host env {name!r} ({made.__module__}.{made.__qualname__}) sets "
+                         "`defaults`, which is no longer read; valid: `settings = "
+                         "envs_host.EnvSettings(max_turns=..., ...)`")
+    settings = getattr(made, "settings", envs_jax.EnvSettings())
+    if not isinstance(settings, envs_jax.EnvSettings):
+        raise ValueError(f"host env {name!r}: settings = {settings!r} is invalid; valid: an "
+                         "envs_host.EnvSettings")
+    return settings
 
 
 def _fastest(section: str, values: dict[str, Any]) -> dict[str, Any]:

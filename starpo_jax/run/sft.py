@@ -37,6 +37,7 @@ from ml_collections import config_dict
 
 import envs_host
 import envs_jax
+from starpo_jax.checks import is_int, is_number, require_valid
 from starpo_jax.run import experiment
 from starpo_jax.rollout.demonstrations import (TokenizedRows, build_reply_encoder, demonstrate,
                                                read_jsonl, tokenize_conversations, transcripts,
@@ -90,18 +91,15 @@ def split_config(config: ConfigDict) -> tuple[ConfigDict, ConfigDict]:
         raise ValueError(f"unknown config key 'sft.{unknown[0]}'; valid keys in 'sft': "
                          f"{sorted(SFT_DEFAULTS)}")
     section.update(given)
-    experiment.require_valid("sft.policy", section["policy"], section["policy"] in POLICY_NAMES,
-                      f"one of {POLICY_NAMES}")
+    require_valid("sft.policy", section["policy"], section["policy"] in POLICY_NAMES,
+                  f"one of {POLICY_NAMES}")
     data = section["data"]
-    experiment.require_valid("sft.data", data, isinstance(data, str) and (not data or Path(
+    require_valid("sft.data", data, isinstance(data, str) and (not data or Path(
         data).is_file()), "'' (demonstrations) or the path of a JSONL file")
     h = section["heldout"]
-    experiment.require_valid("sft.heldout", h,
-                             isinstance(h, (int, float)) and not isinstance(h, bool) and 0 <= h < 1,
-                             "a number in [0, 1)")
+    require_valid("sft.heldout", h, is_number(h) and 0 <= h < 1, "a number in [0, 1)")
     w = section["write_demos"]
-    experiment.require_valid("sft.write_demos", w, isinstance(w, int) and not isinstance(w, bool)
-                      and w >= 0, "an int >= 0")
+    require_valid("sft.write_demos", w, is_int(w, 0), "an int >= 0")
     run = experiment.merged_config(values)
     experiment.train_config(run)
     if run.env.name in envs_host.names() and (not data or w):
