@@ -1,12 +1,14 @@
-"""Training on a host env: the host rollout, then the compiled `learn` (prepare + update).
+"""Training on a host env: the host rollout, then the learner's compiled `learn` (prepare +
+update; train/learner.py, built without an env or codec).
 
     config = host_train.config_for("rg_chain_sum", "grpo")   # the env's own rollout defaults
     exp = experiment.build(config)          # for a name in envs_host: an Experiment whose step is
     exp.step()                       # host_rollout + jit(learn), same keys as the JAX step
 
-The step's key schedule is `train.make_train_fns(...).step`'s: fold_in(key, state.step) split
-into the rollout's and the update's keys, so a resumed run repeats a run never stopped. Host
-envs run on one device (no mesh), with one rollout chunk and without the phase clock.
+The step's key schedule is the compiled step's (`train.step.step_keys`): fold_in(key,
+state.step) split into the rollout's and the update's keys, so a resumed run repeats a run never
+stopped. Host envs run on one device (no mesh), with one rollout chunk and without the phase
+clock.
 
 Evaluation (`HostEvaluator`, the interface of evaluation.Evaluator): `episodes` held-out seeds
 drawn once from the run's evaluation stream (evaluation.heldout_keys), greedy and sampled modes
@@ -32,7 +34,10 @@ from starpo_jax.rollout.host import host_rollout
 from starpo_jax.rollout.host_text import HostText, build_host_text
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.lora import adapted, policy_structure
-from starpo_jax.train.step import Metrics, TrainState, make_train_fns
+from starpo_jax.train.learner import make_learner
+from starpo_jax.train.metrics import Metrics
+from starpo_jax.train.state import TrainState
+from starpo_jax.train.step import step_keys
 
 
 def config_for(name: str, algo: str, **rollout: Any) -> Any:
@@ -59,11 +64,11 @@ class HostTrainStep:
         self.graphdef = nnx.graphdef(policy_structure(model, config.lora))
         self.pool = EnvPool(name, factory or envs_host.factory(name),
                             config.rollout.batch_size, pool_config)
-        fns = make_train_fns(config, None, None, model=model, eos_id=eos_id, pad_id=pad_id)
-        self._learn = jax.jit(fns.learn, donate_argnums=0)
+        # Rows run whole (no static first-prompt width to share) and no collapse metrics.
+        self._learn = jax.jit(make_learner(config, model=model).learn, donate_argnums=0)
 
     def __call__(self, state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
-        rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
+        rollout_key, update_key = step_keys(key, state.step)
         start = time.perf_counter()
         out, stats = host_rollout(self.graphdef, state.actor, self.pool, self.text,
                                   self.config.rollout, rollout_key, eos_id=self.eos_id,
