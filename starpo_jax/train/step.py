@@ -13,8 +13,9 @@ schedule; and their composition compiled as one program.
 
 In execution order: `rollout` (rollout/jax_env.py), then the learner's `prepare` and `update`
 (train/learner.py), `learn` (their Online-k rounds and the metrics, train/metrics.py), and
-`step`, which splits its key by `step_keys` (the host-env step, run/host_train.py, splits its
-own by the same function: a resumed run repeats a run never stopped). `prepare` and `update`
+`step` (`rollout_and_learn`: the key split by `step_keys`, then the rollout, then `learn`; the
+host-env step, run/host_train.py, is the same function of its own rollout, so a resumed run
+repeats a run never stopped either way). `prepare` and `update`
 take any `Rollout`, however it was produced. The state and its initialisation are
 train/state.py's.
 """
@@ -43,7 +44,7 @@ from starpo_jax.train.state import TrainState, apply_if, init_train_state
 
 __all__ = ["SKIPPED_UPDATES", "Batch", "Metrics", "TrainFns", "TrainState", "apply_if",
            "filter_selection", "filter_values", "init_train_state", "make_train_fns",
-           "make_train_step", "rollout_metrics", "shared_width", "step_keys"]
+           "make_train_step", "rollout_and_learn", "rollout_metrics", "shared_width", "step_keys"]
 
 
 class TrainFns(NamedTuple):
@@ -90,12 +91,23 @@ def make_train_fns(config: TrainConfig, env: Any, codec: Codec | None, *, model:
         first_turn=None if codec is None else lambda out: first_turn(out, codec, config.rollout),
         mesh=mesh, phase_clock=phase_clock)
 
+    return TrainFns(rollout=rollout, prepare=learner.prepare, update=learner.update,
+                    learn=learner.learn, step=rollout_and_learn(rollout, learner.learn),
+                    sft=learner.sft, sft_loss=learner.sft_loss)
+
+
+def rollout_and_learn(rollout: Callable[[TrainState, jax.Array], Rollout],
+                      learn: Callable[[TrainState, Rollout, jax.Array],
+                                      tuple[TrainState, Metrics]],
+                      ) -> Callable[[TrainState, jax.Array], tuple[TrainState, Metrics]]:
+    """step(state, key) -> (state, metrics) of any rollout behind the interface
+    (state, key) -> Rollout (a JAX env's compiled one, a host env's): the key split by
+    `step_keys`, the rollout, then `learn` on it."""
     def step(state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
         rollout_key, update_key = step_keys(key, state.step)
-        return learner.learn(state, rollout(state, rollout_key), update_key)
+        return learn(state, rollout(state, rollout_key), update_key)
 
-    return TrainFns(rollout=rollout, prepare=learner.prepare, update=learner.update,
-                    learn=learner.learn, step=step, sft=learner.sft, sft_loss=learner.sft_loss)
+    return step
 
 
 def step_keys(key: jax.Array, step: jax.Array) -> tuple[jax.Array, jax.Array]:
