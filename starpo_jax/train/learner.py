@@ -197,11 +197,14 @@ def make_learner(config: TrainConfig, *, model: Decoder, prompt_width: int | Non
         return state, aux
 
     def actor_loss(params: nnx.State, mb: MiniBatch, normaliser: jax.Array) -> tuple[Any, Any]:
+        """(actor_objective's loss, (log-probs, entropies)) of a micro-batch: what is
+        differentiated."""
         logp, entropy = forwards.logprobs(params, mb.rollout, mb.groups, update_plan)
         total, _ = actor_objective(logp, entropy, mb, normaliser, loss)
         return total, (logp, entropy)
 
     def critic_loss(params: nnx.State, mb: MiniBatch, normaliser: jax.Array) -> tuple[Any, Any]:
+        """(critic_objective's loss, values) of a micro-batch: what is differentiated."""
         values = forwards.values(params, mb.rollout, mb.groups, update_plan)
         return critic_objective(values, mb, normaliser, loss)[0], values
 
@@ -232,12 +235,12 @@ def make_learner(config: TrainConfig, *, model: Decoder, prompt_width: int | Non
         """One AdamW step on the token-mean cross-entropy of rows' loss_mask tokens (rows: a
         Rollout or demonstrations.TokenizedRows, [R, L]), through the update's forward
         (shared prefix, micro-batches, LoRA adapters only, skipped when not finite)."""
-        plan, groups = sft_plan(rows, shared)
+        plan, groups = sft_plan(config, prompt_width, rows, shared)
         normaliser = jnp.maximum(rows.loss_mask.sum(), 1).astype(jnp.float32)
         trainable, frozen = trainable_split(state.actor, lora)
         grads, logp = accumulated_grad(
-            lambda p, mb: sft_objective(joined(p, frozen), mb, plan, normaliser), trainable,
-            {"rows": rows, "groups": groups}, opt.micro_batches, mesh)
+            lambda p, mb: sft_objective(forwards, joined(p, frozen), mb, plan, normaliser),
+            trainable, {"rows": rows, "groups": groups}, opt.micro_batches, mesh)
         total = -jnp.sum(logp * rows.loss_mask) / normaliser
         aux = {"sft/loss": total, "actor/grad_norm": optax.tree.norm(grads),
                "sft/reply_tokens": rows.loss_mask.sum() / rows.loss_mask.shape[0]}
@@ -251,28 +254,10 @@ def make_learner(config: TrainConfig, *, model: Decoder, prompt_width: int | Non
     def sft_loss(actor: nnx.State, rows: Any, shared: bool = False) -> Metrics:
         """{"loss": token-mean cross-entropy} of rows' loss_mask tokens under the policy
         `actor` (a TrainState's), no gradient, in optim.micro_batches slices."""
-        plan, groups = sft_plan(rows, shared)
+        plan, groups = sft_plan(config, prompt_width, rows, shared)
         logp = in_row_slices(lambda b: forwards.logprobs(actor, b[0], b[1], plan)[0],
                              (rows, groups), opt.micro_batches, mesh)
         return {"loss": -jnp.sum(logp * rows.loss_mask) / jnp.maximum(rows.loss_mask.sum(), 1)}
-
-    def sft_plan(rows: Any, shared: bool) -> tuple[PrefixPlan | None, jax.Array]:
-        """The update's forward plan for rows [R, L] cut in optim.micro_batches slices: each
-        group's first prompt once when `shared` (group-major rollout rows of group_size),
-        else every row whole."""
-        count = rows.tokens.shape[0]
-        if count % opt.micro_batches:
-            raise ValueError(f"optim.micro_batches = {opt.micro_batches} must divide the "
-                             f"{count} rows of an SFT batch")
-        per = count // opt.micro_batches
-        groups = jnp.arange(count, dtype=jnp.int32) // (group if shared else 1)
-        width = prompt_width if shared else None
-        return plan_for(width, per, aligned_slots(count, per, group) if shared else per), groups
-
-    def sft_objective(params, mb, plan, normaliser):
-        """Summed negative log-likelihood of the slice's reply tokens / normaliser."""
-        logp, _ = forwards.logprobs(params, mb["rows"], mb["groups"], plan)
-        return -jnp.sum(logp * mb["rows"].loss_mask) / normaliser, logp
 
     return Learner(prepare=prepare, update=update, learn=learn, sft=sft, sft_loss=sft_loss)
 
@@ -468,3 +453,29 @@ def critic_objective(values: jax.Array, mb: MiniBatch, normaliser: jax.Array,
                 "critic/vf_explained_var": stats.explained_var,
                 "critic/values_mean": stats.values_mean,
                 "critic/returns_mean": stats.returns_mean}
+
+
+# SFT: supervised steps through the update's forward.
+
+def sft_plan(config: TrainConfig, prompt_width: int | None, rows: Any, shared: bool,
+             ) -> tuple[PrefixPlan | None, jax.Array]:
+    """(the forward plan, each row's group [R] int32) for rows [R, L] cut in optim.micro_batches
+    slices: each group's first prompt (prompt_width) once when `shared` (group-major rollout
+    rows of group_size), else every row whole."""
+    count, pieces = rows.tokens.shape[0], config.optim.micro_batches
+    group = config.rollout.group_size
+    if count % pieces:
+        raise ValueError(f"optim.micro_batches = {pieces} must divide the {count} rows of an "
+                         "SFT batch")
+    per = count // pieces
+    groups = jnp.arange(count, dtype=jnp.int32) // (group if shared else 1)
+    width = prompt_width if shared else None
+    return plan_for(width, per, aligned_slots(count, per, group) if shared else per), groups
+
+
+def sft_objective(forwards: Forwards, params: nnx.State, mb: dict[str, Any],
+                  plan: PrefixPlan | None, normaliser: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(summed negative log-likelihood of the slice's reply tokens / normaliser, the log-probs)
+    of mb = {"rows": [r, L] rows, "groups": [r] int32}."""
+    logp, _ = forwards.logprobs(params, mb["rows"], mb["groups"], plan)
+    return -jnp.sum(logp * mb["rows"].loss_mask) / normaliser, logp
