@@ -33,8 +33,6 @@ KNOWN = {
     "starpo_jax.rollout.host -> starpo_jax.rollout.jax_env._prefill": "part 4: one rollout",
     "starpo_jax.rollout.host -> starpo_jax.rollout.jax_env._repeat_cache": "part 4: one rollout",
     "starpo_jax.rollout.host -> starpo_jax.rollout.jax_env._supplied": "part 4: one rollout",
-    # the step sizes its shared prefix from the rollout's prompt widths (part 4)
-    "starpo_jax.train.step -> starpo_jax.rollout.jax_env._prompt_widths": "part 4: one iteration",
 }
 
 

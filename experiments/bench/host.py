@@ -27,7 +27,7 @@ from starpo_jax.config import RolloutConfig, TrainConfig  # noqa: E402
 from starpo_jax.rollout.host_text import build_host_text  # noqa: E402
 from starpo_jax.run.host_train import HostTrainStep  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
-from starpo_jax.rollout.jax_env import _prompt_widths  # noqa: E402
+from starpo_jax.rollout.jax_env import prompt_widths  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train.step import init_train_state, make_train_step  # noqa: E402
 
@@ -63,7 +63,7 @@ def main() -> None:
     key = jax.random.PRNGKey(0)
     compiled = make_train_step(config, env, codec, **kw)
     factory = functools.partial(JaxTextEnvHost, env)
-    text = build_host_text(tok, factory(), rollout, widths=_prompt_widths(codec))
+    text = build_host_text(tok, factory(), rollout, widths=prompt_widths(codec))
     host = HostTrainStep(config, "sokoban", PoolConfig(workers=8), text, factory=factory, **kw)
     init = lambda: init_train_state(config, jax.random.PRNGKey(1), model=model)  # noqa: E731
     shape = f"P={args.groups} N={args.group_size} T={args.turns} R={args.reply_tokens}"

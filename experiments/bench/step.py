@@ -84,7 +84,7 @@ from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.phases import phase_name  # noqa: E402
 from starpo_jax.analysis.suite import load_config  # noqa: E402
 from starpo_jax.analysis.sweep import parse_overrides, setting_config  # noqa: E402
-from starpo_jax.rollout.jax_env import _prompt_widths, buffer_length  # noqa: E402
+from starpo_jax.rollout.jax_env import buffer_length, prompt_widths  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train.step import (filter_selection, init_train_state, make_train_fns,  # noqa: E402
                                    make_train_step)
@@ -309,7 +309,7 @@ def profile(setup: Setup) -> dict:
     model, codec, config = setup.model, setup.codec, setup.config
     r, o, mc = config.rollout, config.optim, setup.model.config
     rows, length = r.groups * r.group_size // r.chunks, buffer_length(codec, r)
-    first, later = _prompt_widths(codec)
+    first, later = prompt_widths(codec)
     graph, params = nnx.split(model)
     ids = lambda b, t: jnp.ones((b, t), jnp.int32)  # noqa: E731 any token: the work is the same
 

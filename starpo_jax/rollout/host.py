@@ -45,7 +45,8 @@ from envs_host.pool import EnvPool
 from starpo_jax.config import RolloutConfig
 from starpo_jax.rollout.host_text import HostText
 from starpo_jax.models.cache import KVCache
-from starpo_jax.rollout.jax_env import Rollout, _prefill, _repeat_cache, _supplied
+from starpo_jax.rollout.jax_env import (Rollout, _prefill, _repeat_cache, _supplied,
+                                        turn_buffer_length)
 from starpo_jax.rollout.sampling import SamplingOptions, generate_pure
 from starpo_jax.text.parse import stop_strings
 
@@ -53,10 +54,10 @@ log = logging.getLogger(__name__)
 
 
 def host_buffer_length(text: HostText, config: RolloutConfig) -> int:
-    """L: turn 1's prompt and max_turns x (prefix + reply + next message), static."""
-    per_turn = len(text.forced_prefix_ids) + config.reply_tokens
-    turns = config.max_turns
-    return text.first_width + turns * per_turn + (turns - 1) * text.later_width
+    """L of a host env's rollout: the JAX rollout's rule (`turn_buffer_length`) on the host
+    text's padded prompt widths."""
+    return turn_buffer_length(text.first_width, text.later_width, len(text.forced_prefix_ids),
+                              config)
 
 
 def host_sample_width(text: HostText, config: RolloutConfig) -> int:

@@ -109,17 +109,25 @@ class Rollout(flax.struct.PyTreeNode):
 
 
 def buffer_length(codec: Codec, config: RolloutConfig) -> int:
-    """L: room for the first prompt and max_turns x (prefix + reply + next message), static."""
-    widths = _prompt_widths(codec)
-    per_turn = len(codec.forced_prefix_ids) + config.reply_tokens
-    return widths[0] + config.max_turns * per_turn + (config.max_turns - 1) * widths[1]
+    """L of a JAX env's rollout: `turn_buffer_length` of the codec's padded prompt widths."""
+    first, later = prompt_widths(codec)
+    return turn_buffer_length(first, later, len(codec.forced_prefix_ids), config)
+
+
+def turn_buffer_length(first_width: int, later_width: int, prefix_tokens: int,
+                       config: RolloutConfig) -> int:
+    """The buffer-length rule of both rollouts (this one and rollout/host.py's): L holds the
+    first prompt (first_width tokens), max_turns x (forced prefix + reply) and the
+    max_turns - 1 later messages between them (later_width each), static."""
+    per_turn = prefix_tokens + config.reply_tokens
+    return first_width + config.max_turns * per_turn + (config.max_turns - 1) * later_width
 
 
 def sample_width(codec: Codec, config: RolloutConfig) -> int:
     """W of a limited context mode's turn sample: the widest window (limited_multi_turn: the
     first message and window_turns - 1 earlier turns; single_turn: its one message), the forced
     prefix and the reply, static."""
-    first, later = _prompt_widths(codec)
+    first, later = prompt_widths(codec)
     per_turn = len(codec.forced_prefix_ids) + config.reply_tokens
     if config.context_window_mode == "single_turn":
         return _single_turn_width(codec, config) + per_turn
@@ -164,13 +172,16 @@ def turn_samples(out: Rollout) -> Rollout:
                    prompt_lengths=per_turn(out.window_lengths))
 
 
-def _prompt_widths(codec: Codec) -> tuple[int, int]:
+def prompt_widths(codec: Codec) -> tuple[int, int]:
     """Static padded widths of the first prompt and of a later environment message."""
     symbols = codec.blank_symbols()
     first = jax.eval_shape(codec.first_prompt, symbols, jnp.int32(0))[0].shape[-1]
     later = jax.eval_shape(codec.next_prompt, jnp.int32(2), jnp.float32(0), symbols,
                            jnp.int32(0))[0].shape[-1]
     return first, later
+
+
+_prompt_widths = prompt_widths  # its former name (tests/test_host_rollout.py imports it)
 
 
 def _write(buffer: jax.Array, start: jax.Array, values: jax.Array, count: jax.Array) -> jax.Array:

@@ -1,12 +1,15 @@
-"""Training on a host env: the host rollout, then the compiled `learn` (prepare + update).
+"""Training on a host env: the host rollout, then the learner's compiled `learn` (prepare +
+update; train/learner.py, built without an env or codec).
 
     config = experiment.config_for("rg_chain_sum", "grpo")  # the env's settings: its class's
     exp = experiment.build(config)          # for a name in envs_host: an Experiment whose step is
     exp.step()                       # host_rollout + jit(learn), same keys as the JAX step
 
-The step's key schedule is `train.make_train_fns(...).step`'s: fold_in(key, state.step) split
-into the rollout's and the update's keys, so a resumed run repeats a run never stopped. Host
-envs run on one device (no mesh), with one rollout chunk and without the phase clock.
+The step is the compiled step's composition (`train.step.rollout_and_learn`) of the host
+rollout, behind the same interface (state, key) -> Rollout: its key schedule (`step_keys`:
+fold_in(key, state.step) split into the rollout's and the update's keys) is the JAX step's, so
+a resumed run repeats a run never stopped. Host envs run on one device (no mesh), with one
+rollout chunk and without the phase clock.
 
 Evaluation (`HostEvaluator`, the interface of evaluation.Evaluator): `episodes` held-out seeds
 drawn once from the run's evaluation stream (evaluation.heldout_keys), greedy and sampled modes
@@ -29,10 +32,14 @@ from starpo_jax.config import RolloutConfig, TrainConfig
 from starpo_jax.run.evaluation import (EvalConfig, EvaluatorBase, eval_metrics, eval_rollout_config,
                                    heldout_keys)
 from starpo_jax.rollout.host import host_rollout
+from starpo_jax.rollout.jax_env import Rollout
 from starpo_jax.rollout.host_text import HostText, build_host_text
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.lora import adapted, policy_structure
-from starpo_jax.train.step import Metrics, TrainState, make_train_fns
+from starpo_jax.train.learner import make_learner
+from starpo_jax.train.metrics import Metrics
+from starpo_jax.train.state import TrainState
+from starpo_jax.train.step import rollout_and_learn
 
 
 class HostTrainStep:
@@ -49,18 +56,25 @@ class HostTrainStep:
         self.graphdef = nnx.graphdef(policy_structure(model, config.lora))
         self.pool = EnvPool(name, factory or envs_host.factory(name),
                             config.rollout.batch_size, pool_config)
-        fns = make_train_fns(config, None, None, model=model, eos_id=eos_id, pad_id=pad_id)
-        self._learn = jax.jit(fns.learn, donate_argnums=0)
+        # Rows run whole (no static first-prompt width to share) and no collapse metrics.
+        learn = jax.jit(make_learner(config, model=model).learn, donate_argnums=0)
+        self._step = rollout_and_learn(self.rollout, learn)
+        self._stats: dict[str, float] = {}
 
-    def __call__(self, state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
-        rollout_key, update_key = jax.random.split(jax.random.fold_in(key, state.step))
+    def rollout(self, state: TrainState, key: jax.Array) -> Rollout:
+        """The host rollout behind the JAX rollout's interface (state, key) -> Rollout; its
+        host-side statistics and time are kept for this step's metrics."""
         start = time.perf_counter()
         out, stats = host_rollout(self.graphdef, state.actor, self.pool, self.text,
-                                  self.config.rollout, rollout_key, eos_id=self.eos_id,
+                                  self.config.rollout, key, eos_id=self.eos_id,
                                   pad_id=self.pad_id)
         stats["timing/host_rollout_seconds"] = time.perf_counter() - start
-        state, metrics = self._learn(state, out, update_key)
-        return state, {**metrics, **{k: jnp.float32(v) for k, v in stats.items()}}
+        self._stats = stats
+        return out
+
+    def __call__(self, state: TrainState, key: jax.Array) -> tuple[TrainState, Metrics]:
+        state, metrics = self._step(state, key)
+        return state, {**metrics, **{k: jnp.float32(v) for k, v in self._stats.items()}}
 
     def close(self) -> None:
         self.pool.close()

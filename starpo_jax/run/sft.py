@@ -10,7 +10,7 @@ step by the policy `sft.policy` (starpo_jax.rollout.demonstrations, starpo_jax.r
 fresh initial states every step, from fold_in(key, step)), or, with `sft.data` = a JSONL file of
 `{"messages": [...]}` chat transcripts, rows drawn from its training part. The loss is the
 token-mean cross-entropy of the reply tokens (the loss mask), through the train step's forward
-(train.make_train_fns(...).sft: shared first prompt, optim.micro_batches, LoRA adapters or
+(train.learner.make_learner(...).sft: shared first prompt, optim.micro_batches, LoRA adapters or
 every weight, optim.actor_lr with AdamW). Evaluations (eval_every) report the Evaluator's
 held-out success and valid-reply rate (`action_is_valid`) and `val/sft/heldout/loss`: the loss
 on held-out demonstrations (the evaluator's held-out initial states) or on the file's last
@@ -48,7 +48,9 @@ from starpo_jax.rollout.host_text import HostText
 from starpo_jax.models.lora import adapted_config, merged_params
 from starpo_jax.rollout.policies import POLICY_NAMES, Policy, make_policy
 from starpo_jax.rollout.jax_env import buffer_length
-from starpo_jax.train.step import TrainState, init_train_state, make_train_fns
+from starpo_jax.train.learner import Learner, make_learner
+from starpo_jax.train.state import TrainState, init_train_state
+from starpo_jax.train.step import shared_width
 
 ConfigDict = config_dict.ConfigDict
 # The key stream of sft.write_demos' demonstrations: neither a step's (fold_in(key, step)) nor
@@ -186,11 +188,11 @@ class SftExperiment(experiment.Experiment):
         return write_jsonl(path, transcripts(out, self.tokenizer, self.codec))
 
 
-def _fns(exp: SftExperiment, train):
+def _fns(exp: SftExperiment, train) -> Learner:
+    """The learner of `exp` under `train` (its sft and sft_loss)."""
     host = isinstance(exp.codec, HostText)  # no compiled rollout, no static prompt width
-    return make_train_fns(train, None if host else exp.env, None if host else exp.codec,
-                          model=exp.model, eos_id=exp.tokenizer.eos_token_id,
-                          pad_id=exp.tokenizer.pad_token_id, mesh=exp.mesh)
+    return make_learner(train, model=exp.model, mesh=exp.mesh,
+                        prompt_width=None if host else shared_width(train, exp.codec, exp.mesh))
 
 
 def _sft_step(exp: SftExperiment, train) -> Callable:

@@ -24,7 +24,7 @@ cache rows, `micro_rows` pairs at a time (memory), so a score never recomputes i
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -156,15 +156,20 @@ def collapse_metrics(graphdef: nnx.GraphDef, params: nnx.State, turn: FirstTurn,
                                same_prompt(turn.prompts, turn.prompt_lengths))
 
 
-def collapse_step_metrics(config: CollapseConfig, rollout_config: RolloutConfig, codec: Codec,
+def collapse_step_metrics(config: CollapseConfig, rollout_config: RolloutConfig,
+                          turn_of: Callable[[Rollout], FirstTurn] | None,
                           graphdef: nnx.GraphDef, params: nnx.State, out: Rollout,
                           step: jax.Array, *, logit_chunk: int) -> Metrics:
-    """For the train step: the metrics of out's first turn under `params` (the rollout's
-    policy) when step % config.every == 0, zeros otherwise, with COMPUTED = 1.0 exactly when
-    they were computed (and some reply was non-empty). {} when config.every is 0."""
+    """For the train step: the metrics of out's first turn (`turn_of(out)`: `first_turn` with
+    the rollout's codec) under `params` (the rollout's policy) when step % config.every == 0,
+    zeros otherwise, with COMPUTED = 1.0 exactly when they were computed (and some reply was
+    non-empty). {} when config.every is 0."""
     if not config.every:
         return {}
-    turn = first_turn(out, codec, rollout_config)
+    if turn_of is None:
+        raise ValueError(f"collapse.every = {config.every} is invalid for a rollout without a "
+                         "codec (a host env's: no static first turn); valid: 0")
+    turn = turn_of(out)
 
     def compute(_: Any) -> Metrics:
         return collapse_metrics(graphdef, params, turn, temperature=rollout_config.temperature,
