@@ -24,7 +24,7 @@ from starpo_jax.config import RolloutConfig  # noqa: E402
 from starpo_jax.rollout.host import host_rollout  # noqa: E402
 from starpo_jax.rollout.host_text import build_host_text  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
-from starpo_jax.rollout.jax_env import _prompt_widths, rollout  # noqa: E402
+from starpo_jax.rollout.jax_env import prompt_widths, rollout  # noqa: E402
 from starpo_jax.text import build_codec, render_conversation_text  # noqa: E402
 from test_rollout import _split_on  # noqa: E402
 
@@ -52,7 +52,7 @@ def _both(env_name: str, config: RolloutConfig, key, **template):
     reset_keys = jax.random.split(jax.random.split(key)[0], config.groups)
     factory = functools.partial(JaxTextEnvHost, env, key_for_seed=lambda s: reset_keys[s])
     pool = EnvPool(env_name, factory, rows=config.batch_size)
-    text = build_host_text(tok, factory(), config, widths=_prompt_widths(codec), **template)
+    text = build_host_text(tok, factory(), config, widths=prompt_widths(codec), **template)
     host, stats = host_rollout(graphdef, params, pool, text, config, key,
                                seeds=np.arange(config.groups), **kw)
     pool.close()

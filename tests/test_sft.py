@@ -332,6 +332,13 @@ def test_rl_starts_from_the_sft_workdir(tmp_path):
     want = merged_params(nnx.to_pure_dict(exp.state.actor), exp.model.config)
     got = nnx.to_pure_dict(nnx.state(rl_exp.model))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), got, want)
+    # A host env's run starts from it the same way (one prelude for both kinds of env).
+    host = api.config_for("rg_chain_sum", "grpo", groups=2, group_size=2, reply_tokens=4)
+    host.model.source, host.nothink, host.host.workers = "tiny-random", True, 1
+    host.model.init_from = str(tmp_path)
+    host_exp = api.build(host)
+    got = nnx.to_pure_dict(nnx.state(host_exp.model))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), got, want)
     config.model.init_from = str(tmp_path / "nothing")
     with pytest.raises(ValueError, match=r"config.model.init_from = .* is invalid"):
         api.train_config(config)

@@ -45,7 +45,7 @@ from envs_host.pool import EnvPool
 from starpo_jax.config import RolloutConfig
 from starpo_jax.rollout.host_text import HostText
 from starpo_jax.models.cache import KVCache
-from starpo_jax.rollout.jax_env import (Rollout, _prefill, _repeat_cache, _supplied,
+from starpo_jax.rollout.jax_env import (Rollout, prefill_cache, repeat_cache, supplied_replies,
                                         turn_buffer_length)
 from starpo_jax.rollout.sampling import SamplingOptions, generate_pure
 from starpo_jax.text.parse import stop_strings
@@ -78,14 +78,14 @@ def _first_turn(graphdef, params, ids, counts, prefix, key, token_bytes, *, opti
     """Prefills each group's prompt [P, W] once, copies it to its N rows, samples turn 1."""
     model = nnx.merge(graphdef, params)
     cache = KVCache.init(model.config, ids.shape[0], length, cache_dtype)
-    cache = _repeat_cache(_prefill(model, ids, counts, cache), group_size)
+    cache = repeat_cache(prefill_cache(model, ids, counts, cache), group_size)
     return _generate(graphdef, params, cache, prefix, key, token_bytes, options)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "options"), donate_argnames=("cache",))
 def _later_turn(graphdef, params, cache, ids, counts, prefix, key, token_bytes, *, options):
     """Appends each row's message ids[b, :counts[b]] (0 for rows that stopped), samples."""
-    cache = _prefill(nnx.merge(graphdef, params), ids, counts, cache)
+    cache = prefill_cache(nnx.merge(graphdef, params), ids, counts, cache)
     return _generate(graphdef, params, cache, prefix, key, token_bytes, options)
 
 
@@ -223,7 +223,7 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
 
     def supplied(turn: int):  # a demonstration's replies for the rows still going
         texts = [c if a else None for c, a in zip(current, active)]
-        return _supplied(replies, texts, turn, jax.random.fold_in(sample_key, turn),
+        return supplied_replies(replies, texts, turn, jax.random.fold_in(sample_key, turn),
                          config.reply_tokens, pad_id)
 
     if windowed:

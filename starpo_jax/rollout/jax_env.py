@@ -181,9 +181,6 @@ def prompt_widths(codec: Codec) -> tuple[int, int]:
     return first, later
 
 
-_prompt_widths = prompt_widths  # its former name (tests/test_host_rollout.py imports it)
-
-
 def _write(buffer: jax.Array, start: jax.Array, values: jax.Array, count: jax.Array) -> jax.Array:
     """Writes values[b, :count[b]] at buffer[b, start[b]:]: [B, L], [B], [B, W], [B] -> [B, L]."""
     b, width = values.shape
@@ -192,8 +189,8 @@ def _write(buffer: jax.Array, start: jax.Array, values: jax.Array, count: jax.Ar
     return buffer.at[jnp.arange(b)[:, None], cols].set(values.astype(buffer.dtype), mode="drop")
 
 
-def _prefill(model: Any, ids: jax.Array, counts: jax.Array, cache: KVCache | None,
-             ) -> KVCache | None:
+def prefill_cache(model: Any, ids: jax.Array, counts: jax.Array, cache: KVCache | None,
+                  ) -> KVCache | None:
     """Appends ids[b, :counts[b]] to each row's cache (counts may be 0); no cache, no model (a
     demonstration): nothing to do."""
     if cache is None:
@@ -228,8 +225,8 @@ def group_states(states: Any, n: int, *, shared_randomness: bool = False) -> Any
 ReplySource = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
-def _supplied(replies: ReplySource, states: Any, turn: jax.Array, key: jax.Array, width: int,
-              pad_id: int) -> GenerateOutput:
+def supplied_replies(replies: ReplySource, states: Any, turn: jax.Array, key: jax.Array,
+                     width: int, pad_id: int) -> GenerateOutput:
     """A turn's supplied replies in the sampler's output shape ([B, width], no log-probs)."""
     tokens, lengths = replies(states, turn, key)
     if tokens.shape[1] > width:
@@ -243,7 +240,9 @@ def _supplied(replies: ReplySource, states: Any, turn: jax.Array, key: jax.Array
                           stop_reason=jnp.zeros_like(lengths, jnp.int32), cache=None)
 
 
-def _repeat_cache(cache: KVCache, n: int) -> KVCache:
+def repeat_cache(cache: KVCache, n: int) -> KVCache:
+    """Each of the cache's P rows repeated n times (row p -> rows p*n .. p*n+n-1), as
+    group_states repeats the states: a group's shared first prompt prefilled once."""
     return KVCache(k=jnp.repeat(cache.k, n, axis=1), v=jnp.repeat(cache.v, n, axis=1),
                    end=jnp.repeat(cache.end, n))
 
@@ -344,9 +343,9 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     first_ids, first_n = codec.first_prompt(symbols, jnp.full((p,), config.max_actions_per_traj))
     cache = None
     if model is not None and not windowed:
-        group_cache = _prefill(model, *_shard_rows((first_ids, first_n, KVCache.init(
+        group_cache = prefill_cache(model, *_shard_rows((first_ids, first_n, KVCache.init(
             model.config, p, length, config.cache_dtype)), mesh))
-        cache = _repeat_cache(group_cache, n)
+        cache = repeat_cache(group_cache, n)
     first_ids, first_n = jnp.repeat(first_ids, n, axis=0), jnp.repeat(first_n, n, axis=0)
     states = group_states(states, n, shared_randomness=config.shared_env_randomness)
 
@@ -380,7 +379,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         ids = jnp.pad(ids, ((0, 0), (0, window - ids.shape[1])), constant_values=pad_id)
         cache = None
         if model is not None:
-            cache = _prefill(model, ids, count, KVCache.init(model.config, b, width,
+            cache = prefill_cache(model, ids, count, KVCache.init(model.config, b, width,
                                                              config.cache_dtype))
         return win, ids, count, cache
 
@@ -396,7 +395,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                                 jnp.full((b,), prefix.shape[0], jnp.int32), turn_key, cache,
                                 token_bytes, options)
         else:
-            gen = _supplied(replies, states, k, turn_key, config.reply_tokens, pad_id)
+            gen = supplied_replies(replies, states, k, turn_key, config.reply_tokens, pad_id)
         cache = None if windowed else gen.cache
         kept = jnp.where(active, gen.lengths, 0)
         buf = _write(buf, filled, jnp.broadcast_to(prefix, (b, f)), jnp.where(active, f, 0))
@@ -453,7 +452,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
             skip = (gen.lengths > 0) & (last == eos_id) & (ids[:, 0] == eos_id)
             ids = jnp.where(skip[:, None], jnp.roll(ids, -1, axis=1), ids)
             count = jnp.where(going, count - skip, 0)
-            cache = _prefill(model, ids, count, cache)
+            cache = prefill_cache(model, ids, count, cache)
             return cache, _write(buf, filled, ids, count), filled + count
 
         cache, buf, filled = jax.lax.cond(

@@ -20,18 +20,22 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import nnx
 
-from starpo_jax.train.step import TrainState
+from starpo_jax.models.lora import adapted_config, merged_params
+from starpo_jax.run.schema import train_config
 from starpo_jax.run.workdir import RunFault
+from starpo_jax.train.state import TrainState, init_train_state
 
 
 class Checkpoints:
@@ -157,3 +161,38 @@ def _quiet_orbax() -> Iterator[None]:
         gc.collect()  # the abandoned reads are reported as they are collected: now
         logger.setLevel(level)
         sys.unraisablehook = hook
+
+
+def load_init_weights(model: Any, workdir: str | Path, source: str, dtype: str) -> Any:
+    """`model` (a Decoder without adapters, loaded from model `source` in `dtype`) with the
+    policy weights of an SFT (or StarPO) workdir's newest checkpoint, LoRA adapters merged in.
+    Raises ValueError when the workdir has no config.json or checkpoint, or was trained from
+    another base model."""
+    workdir = Path(workdir)
+    path = workdir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"config.model.init_from = {str(workdir)!r} is invalid; valid: a "
+                         "workdir of experiments/sft.py or run.py (it has no config.json)")
+    saved = json.loads(path.read_text())
+    saved.pop("auto_memory", None)
+    saved.pop("sft", None)
+    saved.get("model", {}).pop("init_from", None)
+    base = (saved.get("model", {}).get("source"), saved.get("model", {}).get("dtype"))
+    if base != (source, dtype):
+        raise ValueError(f"config.model.init_from = {str(workdir)!r} was trained from model "
+                         f"{base}; valid: a workdir trained from this run's {(source, dtype)}")
+    train = train_config(saved)
+    checkpoints = Checkpoints(workdir / "checkpoints", 0, 1)
+    try:
+        like = jax.eval_shape(lambda: init_train_state(train, jax.random.PRNGKey(0), model=model))
+        state = checkpoints.restore_latest(like)
+    finally:
+        checkpoints.close()
+    if state is None:
+        raise ValueError(f"config.model.init_from = {str(workdir)!r} holds no checkpoint")
+    params = nnx.to_pure_dict(state.actor)
+    if train.lora.rank:
+        params = merged_params(params, adapted_config(model.config, train.lora))
+    graphdef, weights = nnx.split(model)
+    nnx.replace_by_pure_dict(weights, params)
+    return nnx.merge(graphdef, weights)

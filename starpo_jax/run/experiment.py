@@ -40,6 +40,7 @@ from starpo_jax.run.schema import (AUTO, DTYPES, ENV_SETTINGS, SECTIONS,  # noqa
                                    default_config, eval_config, merged_config, paper_eval,
                                    read_run_config, require_valid, train_config)
 from starpo_jax.models.sharding import make_mesh, shard_state
+from starpo_jax.run.checkpoint import load_init_weights
 from starpo_jax.text import build_codec
 from starpo_jax.train.step import TrainState, init_train_state, make_train_step, shared_width
 
@@ -168,20 +169,28 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
         raise TypeError(f"keyword arguments {sorted(top)} only go with a TrainConfig")
     train = train_config(config)
     full = merged_config(config)
-    if full.env.name in envs_host.names():
-        from starpo_jax.run import host_train
-        return host_train.build(full, train)
+    host = full.env.name in envs_host.names()
+    if host and (jax.process_count() > 1 or jax.device_count() > 1):
+        raise ValueError(f"env.name = {full.env.name!r} is a host env; host envs train on one "
+                         f"device, this run sees {jax.device_count()}")
+    # The prelude of every run, JAX or host env: the model, its starting weights, the keys.
     model, tok = load_pretrained(full.model.source, full.model.dtype)
     if full.model.init_from:
-        from starpo_jax.run.sft import load_init_weights
         model = load_init_weights(model, full.model.init_from, full.model.source,
                                   full.model.dtype)
-    env = envs_jax.make(full.env.name)
-    codec = _codec(full, train, tok, env)
     init_key, key = run_keys(full.seed)
     # With LoRA the model gains its adapters here (the key init_train_state would use), so that
     # the evaluator and the rollout read the same graph.
     model = adapted(model, train.lora, jax.random.fold_in(init_key, 1))
+    if host:
+        from starpo_jax.run import host_train  # the host pool and text layer: host runs only
+        env, text, step = host_train.build_step(full, train, model, tok)
+        exp = Experiment(config=full, train=train, env=env, model=model, tokenizer=tok,
+                         codec=text, state=None, train_step=step, key=key, init_key=init_key)
+        exp.state = exp.fresh_state()
+        return exp
+    env = envs_jax.make(full.env.name)
+    codec = _codec(full, train, tok, env)
     mesh = None
     if jax.process_count() > 1 or jax.device_count() > 1:
         require_valid("mesh.tp", full.mesh.tp, jax.device_count() % full.mesh.tp == 0,

@@ -35,7 +35,7 @@ from starpo_jax.rollout.host import host_rollout
 from starpo_jax.rollout.jax_env import Rollout
 from starpo_jax.rollout.host_text import HostText, build_host_text
 from starpo_jax.models.decoder import Decoder
-from starpo_jax.models.lora import adapted, policy_structure
+from starpo_jax.models.lora import policy_structure
 from starpo_jax.train.learner import make_learner
 from starpo_jax.train.metrics import Metrics
 from starpo_jax.train.state import TrainState
@@ -138,23 +138,13 @@ def _text(full: Any, train: TrainConfig, tokenizer: Any, env: Any) -> HostText:
     return build_host_text(tokenizer, env, train.rollout, **template)
 
 
-def build(full: Any, train: TrainConfig) -> Any:
-    """api.build for a host env: `full` the checked experiment config, `train` its
-    TrainConfig. Returns an experiment.Experiment whose train_step is a HostTrainStep."""
-    from starpo_jax.run import experiment
-    from starpo_jax.models import load_pretrained
-
-    if jax.process_count() > 1 or jax.device_count() > 1:
-        raise ValueError(f"env.name = {full.env.name!r} is a host env; host envs train on one "
-                         f"device, this run sees {jax.device_count()}")
-    model, tok = load_pretrained(full.model.source, full.model.dtype)
-    init_key, key = jax.random.split(jax.random.PRNGKey(full.seed))
-    model = adapted(model, train.lora, jax.random.fold_in(init_key, 1))  # as init_train_state's
+def build_step(full: Any, train: TrainConfig, model: Decoder, tokenizer: Any,
+               ) -> tuple[Any, HostText, HostTrainStep]:
+    """The host-env parts of experiment.build's Experiment: (env, its text layer, the
+    HostTrainStep), for `full` the checked experiment config, `train` its TrainConfig and
+    `model` the policy after experiment.build's prelude (weights, model.init_from, LoRA)."""
     env = envs_host.make(full.env.name)
-    text = _text(full, train, tok, env)
+    text = _text(full, train, tokenizer, env)
     step = HostTrainStep(train, full.env.name, PoolConfig(**full.host.to_dict()), text,
-                         model=model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    exp = experiment.Experiment(config=full, train=train, env=env, model=model, tokenizer=tok,
-                         codec=text, state=None, train_step=step, key=key, init_key=init_key)
-    exp.state = exp.fresh_state()
-    return exp
+                         model=model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    return env, text, step

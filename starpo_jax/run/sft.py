@@ -20,13 +20,13 @@ host rollouts. experiments/sft.py runs it with run.py's loop: metrics.jsonl,
 TensorBoard, checkpoints, --resume, the same faults.
 
 A StarPO run starts from the result with `model.init_from = <the SFT workdir>`
-(`load_init_weights`): the newest checkpoint's policy, LoRA adapters merged into the weights.
+(`checkpoint.load_init_weights`): the newest checkpoint's policy, LoRA adapters merged into the
+weights, for JAX and host envs alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,11 +45,10 @@ from starpo_jax.rollout.demonstrations import (TokenizedRows, build_reply_encode
 from starpo_jax.run.evaluation import EvalResult, heldout_keys
 from starpo_jax.rollout.host import host_buffer_length
 from starpo_jax.rollout.host_text import HostText
-from starpo_jax.models.lora import adapted_config, merged_params
 from starpo_jax.rollout.policies import POLICY_NAMES, Policy, make_policy
 from starpo_jax.rollout.jax_env import buffer_length
 from starpo_jax.train.learner import Learner, make_learner
-from starpo_jax.train.state import TrainState, init_train_state
+from starpo_jax.train.state import TrainState
 from starpo_jax.train.step import shared_width
 
 ConfigDict = config_dict.ConfigDict
@@ -256,40 +255,3 @@ def _joined(run: ConfigDict, section: ConfigDict) -> ConfigDict:
     full = run.copy_and_resolve_references()
     full.sft = section
     return full
-
-
-def load_init_weights(model: Any, workdir: str | Path, source: str, dtype: str) -> Any:
-    """`model` (a Decoder without adapters, loaded from model `source` in `dtype`) with the
-    policy weights of an SFT (or StarPO) workdir's newest checkpoint, LoRA adapters merged in.
-    Raises ValueError when the workdir has no config.json or checkpoint, or was trained from
-    another base model."""
-    from starpo_jax.run.checkpoint import Checkpoints
-
-    workdir = Path(workdir)
-    path = workdir / "config.json"
-    if not path.is_file():
-        raise ValueError(f"config.model.init_from = {str(workdir)!r} is invalid; valid: a "
-                         "workdir of experiments/sft.py or run.py (it has no config.json)")
-    saved = json.loads(path.read_text())
-    saved.pop("auto_memory", None)
-    saved.pop("sft", None)
-    saved.get("model", {}).pop("init_from", None)
-    base = (saved.get("model", {}).get("source"), saved.get("model", {}).get("dtype"))
-    if base != (source, dtype):
-        raise ValueError(f"config.model.init_from = {str(workdir)!r} was trained from model "
-                         f"{base}; valid: a workdir trained from this run's {(source, dtype)}")
-    train = experiment.train_config(saved)
-    checkpoints = Checkpoints(workdir / "checkpoints", 0, 1)
-    try:
-        like = jax.eval_shape(lambda: init_train_state(train, jax.random.PRNGKey(0), model=model))
-        state = checkpoints.restore_latest(like)
-    finally:
-        checkpoints.close()
-    if state is None:
-        raise ValueError(f"config.model.init_from = {str(workdir)!r} holds no checkpoint")
-    params = nnx.to_pure_dict(state.actor)
-    if train.lora.rank:
-        params = merged_params(params, adapted_config(model.config, train.lora))
-    graphdef, weights = nnx.split(model)
-    nnx.replace_by_pure_dict(weights, params)
-    return nnx.merge(graphdef, weights)
