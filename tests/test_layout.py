@@ -23,8 +23,6 @@ RANKS = {"": 0, "text": 1, "models": 1, "algo": 2, "rollout": 3, "train": 4, "si
 
 # violation key -> why it is still there (the change that removes it deletes the entry)
 KNOWN = {
-    # config checks estimator names against the registry, imported lazily (part 3: config)
-    "starpo_jax.config -> starpo_jax.algo.advantages": "part 3: one configuration path",
     # host_train reuses experiment's model / key / LoRA prelude (part 4: one iteration)
     "starpo_jax.run.host_train -> starpo_jax.run.experiment": "part 4: one prelude",
     # the prelude loads model.init_from with sft.load_init_weights (could be run/checkpoint's)
