@@ -10,19 +10,19 @@ vanilla StarPO (KL 0.001, symmetric clip 0.2, no filter).
 
 No JAX here, nor in what this imports: a config is checked before the heavy stack loads
 (starpo_jax.run.schema). So the names the checks accept live here, and filtering, losses,
-evaluation, monitor and models import them. The advantage estimators' registry
-(starpo_jax.algo.advantages, which users extend at run time) is the exception: it is imported when
-an estimator is named (AdvantageConfig) or checked (TrainConfig.check_estimator).
+evaluation, monitor and models import them. The advantage estimators are checked against
+starpo_jax.estimators, the JAX-free table of their metadata (the built-ins', and those users
+register at run time with starpo_jax.algo.advantages.register_advantage_estimator).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any
 
 from starpo_jax.checks import (check_bool, check_choice, check_int, check_number, fail, is_int,
                                is_number, require)
+from starpo_jax.estimators import estimator_names, estimator_spec
 
 ALGOS = ("ppo", "grpo")
 MODES = ("think", "nothink")
@@ -280,8 +280,7 @@ class AdvantageConfig:
     def __post_init__(self) -> None:
         o = "advantage"
         if self.estimator is not None:
-            from starpo_jax.algo.advantages import advantage_estimator_names  # JAX: only when named
-            check_choice(f"{o}.estimator", self.estimator, advantage_estimator_names())
+            check_choice(f"{o}.estimator", self.estimator, estimator_names())
         for name in ("gamma", "lam", "gamma_turn", "step_gamma"):
             check_number(f"{o}.{name}", getattr(self, name), 0.0, 1.0)
         check_choice(f"{o}.grpo_mode", self.grpo_mode, GRPO_MODES)
@@ -482,11 +481,11 @@ class TrainConfig:
 
     def check_estimator(self) -> None:
         """Raises ValueError unless the advantage estimator suits `algo` (a critic for PPO,
-        none for GRPO) and reads every advantage field set away from its default. Imports the
-        estimators' registry (starpo_jax.algo.advantages: JAX), which users extend at run time."""
-        from starpo_jax.algo.advantages import estimator_uses_critic, get_advantage_estimator
+        none for GRPO) and reads every advantage field set away from its default, from the
+        estimators' metadata (starpo_jax.estimators, which registering an estimator extends)."""
         estimator = self.estimator
-        critic = estimator_uses_critic(estimator)
+        spec = estimator_spec(estimator)
+        critic = spec.critic
         if self.algo == "grpo" and critic:
             fail("advantage.estimator", estimator, "one without a critic for algo 'grpo' "
                   "(e.g. 'grpo'), or algo 'ppo'")
@@ -494,7 +493,7 @@ class TrainConfig:
             # The critic trains on the estimator's returns; critic-free ones have none.
             fail("advantage.estimator", estimator, "one with a critic for algo 'ppo' "
                   "('gae', 'bi_level_gae'), or algo 'grpo'")
-        accepted = inspect.signature(get_advantage_estimator(estimator)).parameters
+        accepted = spec.params
         for field in dataclasses.fields(AdvantageConfig):
             param = ESTIMATOR_PARAMS.get(field.name)
             value = getattr(self.advantage, field.name)

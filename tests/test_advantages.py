@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from starpo_jax import estimators
 from starpo_jax.algo import advantages as adv_lib
 from starpo_jax.algo.advantages import (AdvantageInputs, advantage_estimator_names, bi_level_gae,
                                         broadcast_to_tokens, gae, get_advantage_estimator, grpo,
                                         register_advantage_estimator, whiten)
+from starpo_jax.config import AdvantageConfig
+from starpo_jax.estimators import EstimatorSpec
 
 
 def random_rows(seed: int, batch: int = 6, length: int = 40):
@@ -248,7 +252,11 @@ def test_registry_lists_and_rejects_names():
         register_advantage_estimator("gae")(lambda inputs: (inputs.token_rewards, None))
 
 
-def test_registering_a_new_estimator_is_one_function():
+def test_registering_a_new_estimator_is_one_function(monkeypatch):
+    # The registry and its JAX-free metadata are restored afterwards.
+    monkeypatch.setattr(adv_lib, "_ESTIMATORS", dict(adv_lib._ESTIMATORS))
+    monkeypatch.setattr(estimators, "_SPECS", dict(estimators._SPECS))
+
     @register_advantage_estimator("test_reward_to_go")
     def reward_to_go(inputs: AdvantageInputs, gamma: float = 1.0):
         zeros = jnp.zeros_like(inputs.token_rewards)
@@ -259,7 +267,32 @@ def test_registering_a_new_estimator_is_one_function():
     np.testing.assert_allclose(
         adv, gae_reference_compressed(rewards, 0 * rewards, mask, 0.5, 1.0)[0], atol=1e-5
     )
-    adv_lib._ESTIMATORS.pop("test_reward_to_go")
+    assert estimators.estimator_spec("test_reward_to_go") == EstimatorSpec(False, ("gamma",))
+    assert AdvantageConfig(estimator="test_reward_to_go").estimator == "test_reward_to_go"
+
+
+def test_the_config_metadata_are_the_registered_functions():
+    """starpo_jax.estimators (no JAX: what the config checks) declares exactly the registered
+    estimators, each with its function's parameters after `inputs` and its critic use: critic
+    estimators return the critic's targets, critic-free ones None. So the two cannot drift."""
+    assert estimators.estimator_names() == advantage_estimator_names()
+    rewards, values, mask, turn_ids = random_rows(8)
+    turns = int(turn_ids.max()) + 1
+    inputs = AdvantageInputs(
+        rewards, mask, values, turn_ids,
+        scores=np.random.default_rng(8).normal(size=(3, 2)).astype(np.float32),
+        turn_rewards=np.ones((6, turns), np.float32),
+        turn_anchors=np.zeros((6, turns), np.int32))
+    for name in advantage_estimator_names():
+        fn = get_advantage_estimator(name)
+        spec = estimators.estimator_spec(name)
+        assert spec.params == tuple(inspect.signature(fn).parameters)[1:], name
+        _, returns = fn(inputs)
+        assert spec.critic == (returns is not None) == adv_lib.estimator_uses_critic(name), name
+    with pytest.raises(ValueError, match="'gae' is declared as .*critic=True.* but its "
+                                         "registration has .*critic=False"):
+        estimators.declare_estimator("gae", critic=False, params=("gamma", "lam",
+                                                                  "whiten_advantages"))
 
 
 def test_registered_estimators_match_the_functions_under_jit():

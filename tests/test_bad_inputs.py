@@ -353,7 +353,7 @@ _AT_EXIT = ("import atexit, runpy, sys; atexit.register(lambda: print('imported:
     ("evaluate.py", ["--workdir", "{tmp}/run"], "config.steps = 0 is invalid", []),
     ("export.py", ["--workdir", "{tmp}/none", "--out", "{tmp}/out"],
      "config.json does not exist", []),
-    # Deferred: the estimators' registry (starpo_jax.algo.advantages) imports JAX.
+    # Deferred to train_config, after the heavy imports (a user's estimators come with JAX).
     ("run.py", ["--config.advantage.estimator=nope"], "advantage.estimator = 'nope'", ["jax"]),
 ])
 def test_scripts_check_the_config_before_the_heavy_imports(tmp_path, script, argv, expected,

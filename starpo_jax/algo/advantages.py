@@ -9,11 +9,14 @@ of each turn); a reward on a masked token is ignored.
 
 Estimators are registered by name (`register_advantage_estimator`) and share one signature,
 `fn(inputs: AdvantageInputs, **params) -> (advantages [B, T], returns [B, T] | None)`, so the
-train step picks one from the config and a new estimator is one new function.
+train step picks one from the config and a new estimator is one new function. Registering one
+also records its metadata (critic, parameters) in starpo_jax.estimators, the JAX-free table the
+configuration checks `advantage.estimator` against; the built-ins are declared there too.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -21,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from starpo_jax.algo.losses import aggregate, masked_var
+from starpo_jax.estimators import declare_estimator, estimator_spec
 
 GRPO_MODES = ("mean_std", "mean", "none")
 
@@ -234,7 +238,6 @@ class AdvantageInputs(NamedTuple):
 
 AdvantageEstimator = Callable[..., tuple[jax.Array, jax.Array | None]]
 _ESTIMATORS: dict[str, AdvantageEstimator] = {}
-_CRITIC_ESTIMATORS: set[str] = set()
 
 
 def register_advantage_estimator(name: str, *, critic: bool = False,
@@ -242,14 +245,15 @@ def register_advantage_estimator(name: str, *, critic: bool = False,
     """Decorator: registers `fn(inputs: AdvantageInputs, **params) -> (adv [B,T], returns|None)`.
 
     critic: the estimator reads the critic's values and returns the critic's targets (PPO's
-    estimators); critic-free ones return None for them and train with algo "grpo"."""
+    estimators); critic-free ones return None for them and train with algo "grpo".
+    The estimator's metadata (critic, the names of fn's parameters after `inputs`) are also
+    recorded in starpo_jax.estimators, which the configuration checks without JAX."""
 
     def decorate(fn: AdvantageEstimator) -> AdvantageEstimator:
         if name in _ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
+        declare_estimator(name, critic=critic, params=tuple(inspect.signature(fn).parameters)[1:])
         _ESTIMATORS[name] = fn
-        if critic:
-            _CRITIC_ESTIMATORS.add(name)
         return fn
 
     return decorate
@@ -258,7 +262,7 @@ def register_advantage_estimator(name: str, *, critic: bool = False,
 def estimator_uses_critic(name: str) -> bool:
     """Whether the registered estimator `name` needs the critic (registered with critic=True)."""
     get_advantage_estimator(name)
-    return name in _CRITIC_ESTIMATORS
+    return estimator_spec(name).critic
 
 
 def advantage_estimator_names() -> tuple[str, ...]:

@@ -6,8 +6,9 @@ public names; `api.build` takes such a config.
 
 Nothing here imports JAX, flax or jumanji (config files import config_for from here), so
 that check_config reports a bad config before a script imports the heavy stack. Deferred to
-train_config, which imports the advantage estimators' registry (starpo_jax.algo.advantages): the
-estimator's checks (advantage.estimator's name, its critic against algo, the fields it reads).
+train_config: the estimator's checks (advantage.estimator's name, its critic against algo, the
+fields it reads), against the estimators known by then (starpo_jax.estimators: the built-ins and
+those registered with starpo_jax.algo.advantages.register_advantage_estimator, which imports JAX).
 Envs: the built-in names and settings come from envs_jax.catalog; a user's envs (env.module,
 the starpo_jax.envs entry points, or envs_jax.register in this process) from the registry,
 which loading them imports.
@@ -241,7 +242,8 @@ def _model_source_exists(source: Any) -> bool:
 
 
 class _EstimatorUnchecked(TrainConfig):
-    """A TrainConfig whose estimator is not checked (check_config: its registry imports JAX)."""
+    """A TrainConfig whose estimator is not checked (check_config: a user's estimators are
+    registered with JAX, after it)."""
 
     def check_estimator(self) -> None:
         pass
