@@ -1,8 +1,8 @@
 """The SFT warm start from a config file, writing everything under a workdir (starpo_jax.run.sft).
 
     python experiments/sft.py --config sokoban_sft.py --workdir runs/sokoban_sft
-    python experiments/sft.py --config sokoban_sft.py --config.sft.policy=solver \
-        --workdir runs/sokoban_sft_solver
+    python experiments/sft.py --config sokoban_sft.py --config.sft.policy=mix \
+        --workdir runs/sokoban_sft_mix      # policies: random, solver, mix
     python experiments/sft.py --config sokoban_sft.py --config.sft.data=demos.jsonl \
         --workdir runs/sokoban_sft_file
     python experiments/run.py --config sokoban_grpo.py \

@@ -29,7 +29,7 @@ from starpo_jax.rollout.demonstrations import (build_reply_encoder, demonstrate,
                                                read_jsonl, tokenize_conversations, transcripts,
                                                write_jsonl)
 from starpo_jax.models.lora import merged_params  # noqa: E402
-from starpo_jax.rollout.policies import (frozen_lake_values, make_policy,  # noqa: E402
+from starpo_jax.rollout.policies import (frozen_lake_values, make_policy, mixed_policy,  # noqa: E402
                                         sokoban_distances)
 from starpo_jax.rollout.jax_env import group_states, rollout  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
@@ -196,6 +196,44 @@ def _numpy_frozen_lake_q(tiles: np.ndarray, horizon: int) -> np.ndarray:
     return np.stack(qs)
 
 
+def test_mix_policy_plays_the_solver_on_its_share_of_turns():
+    """mixed_policy picks its second policy on a `share` of calls (each call's own coin);
+    "mix" at share 1 is the solver's demonstrations, at share 0 no solver turn is played, and a
+    share outside [0, 1] is named."""
+    zeros = lambda state, key: jnp.zeros((3,), jnp.int32)  # noqa: E731
+    ones = lambda state, key: jnp.ones((3,), jnp.int32)  # noqa: E731
+    keys = jax.random.split(jax.random.PRNGKey(0), 4000)
+    for share in (0.0, 0.3, 1.0):
+        picks = jax.vmap(lambda k: mixed_policy(zeros, ones, share)(None, k))(keys)
+        assert (picks.min(1) == picks.max(1)).all()  # one policy's whole turn, never a blend
+        assert abs(float(picks[:, 0].mean()) - share) < 0.03
+    env = _grid_setup("sokoban", "nothink")[0]
+    solver, _ = _demos("sokoban", "nothink", "solver", key=3, groups=8, group_size=1)
+    mix_all = jax.device_get(_mix_demos(1.0, key=3))
+    np.testing.assert_array_equal(mix_all.tokens, solver.tokens)
+    random, _ = _demos("sokoban", "nothink", "random", key=3, groups=8, group_size=1)
+    half = jax.device_get(_mix_demos(0.5, key=3))
+    assert half.success.mean() > random.success.mean()
+    with pytest.raises(ValueError, match=r"solver_share = 1.5 is not a probability"):
+        make_policy("mix", env, max_actions_per_turn=5, max_turns=5, max_actions_per_traj=10,
+                    solver_share=1.5)
+    c = sft_tiny_config()
+    c.sft.solver_share = -0.1
+    with pytest.raises(ValueError, match=r"config.sft.solver_share = -0.1 is invalid"):
+        sft.split_config(c)
+
+
+def _mix_demos(share: float, key: int):
+    env, tok, codec, encoder, config = _grid_setup("sokoban", "nothink")
+    config = dataclasses.replace(config, groups=8, group_size=1)
+    p = make_policy("mix", env, max_actions_per_turn=config.max_actions_per_turn,
+                    max_turns=config.max_turns, max_actions_per_traj=config.max_actions_per_traj,
+                    solver_share=share)
+    return jax.jit(lambda k: demonstrate(env, codec, config, p, encoder, k,
+                                         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id))(
+        jax.random.PRNGKey(key))
+
+
 def test_frozen_lake_solver_values_match_numpy_value_iteration():
     env = envs_jax.make("frozen_lake")
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -358,7 +396,7 @@ def test_sft_command_names_a_bad_policy_in_one_line(tmp_path):
                     "--workdir", str(tmp_path / "w"))
     assert done.returncode == 1
     assert done.stderr.strip() == ("error: config.sft.policy = 'oracle' is invalid; valid: one "
-                                   "of ('random', 'solver')")
+                                   "of ('random', 'solver', 'mix')")
 
 
 @pytest.mark.slow

@@ -18,6 +18,9 @@ at most, padded with -1 (the first -1 ends the turn). By name:
     with +, the larger minus the smaller, *, or an exact division; + and - only when the env
     keeps only such instances), so every generated instance is solved; Sudoku: the solution's
     digits in the first empty cells, up to A placements a turn.
+  mix: each turn independently, the solver's moves with probability `solver_share` (default
+    0.5), else the random policy's: the format from the random turns, the task (from whatever
+    state the random turns left) from the solver's.
 
 Free-text envs (Countdown, Sudoku) have no action names: there a policy returns the answer's
 text as ids into `answer_symbols(env, sep)` ([W] int32, W = answer_width(env, A), EMPTY
@@ -48,16 +51,23 @@ from envs_jax.sudoku.env import Sudoku
 from starpo_jax.text.blocks import concat_pieces
 
 Policy = Callable[[Any, jax.Array], jax.Array]
-POLICY_NAMES = ("random", "solver")
+POLICY_NAMES = ("random", "solver", "mix")
 _SOLVED_ENVS = (Sokoban, FrozenLake, Bandit, Countdown, Sudoku)
 
 
 def make_policy(name: str, env: Any, *, max_actions_per_turn: int, max_turns: int,
-                max_actions_per_traj: int) -> Policy:
-    """The policy called `name` (POLICY_NAMES) for `env`. Raises ValueError naming the valid
-    names, or the envs that have a solver."""
+                max_actions_per_traj: int, solver_share: float = 0.5) -> Policy:
+    """The policy called `name` (POLICY_NAMES) for `env`; `solver_share` is "mix"'s chance of a
+    solver turn. Raises ValueError naming the valid names, or the envs that have a solver."""
     if name == "random":
         return random_policy(env, max_actions_per_turn)
+    if name == "mix":
+        if not 0 <= solver_share <= 1:
+            raise ValueError(f"solver_share = {solver_share!r} is not a probability; valid: a "
+                             "number in [0, 1]")
+        solver = make_policy("solver", env, max_actions_per_turn=max_actions_per_turn,
+                             max_turns=max_turns, max_actions_per_traj=max_actions_per_traj)
+        return mixed_policy(random_policy(env, max_actions_per_turn), solver, solver_share)
     if name != "solver":
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICY_NAMES)} or a "
                          "function (env_state, key) -> actions")
@@ -98,6 +108,18 @@ def random_policy(env: Any, max_actions_per_turn: int) -> Policy:
         count_key, action_key = jax.random.split(key)
         count = jax.random.randint(count_key, (), 1, max_actions_per_turn + 1)
         return _padded(jax.random.randint(action_key, (max_actions_per_turn,), 0, names), count)
+
+    return policy
+
+
+def mixed_policy(first: Policy, second: Policy, second_share: float) -> Policy:
+    """Each call (a turn) plays `second` with probability `second_share`, else `first`; the two
+    must return actions of one shape and dtype."""
+
+    def policy(state: Any, key: jax.Array) -> jax.Array:
+        coin_key, first_key, second_key = jax.random.split(key, 3)
+        pick = jax.random.bernoulli(coin_key, second_share)
+        return jnp.where(pick, second(state, second_key), first(state, first_key))
 
     return policy
 

@@ -56,12 +56,14 @@ ConfigDict = config_dict.ConfigDict
 # the held-out evaluation's (evaluation.EVAL_STREAM = 2**31 - 1).
 DEMO_STREAM = 2**31 - 2
 #: What sft.py's config has beyond a StarPO run's (experiment.default_config).
-SFT_DEFAULTS = {"policy": "random", "data": "", "heldout": 0.1, "write_demos": 0}
+SFT_DEFAULTS = {"policy": "random", "solver_share": 0.5, "data": "", "heldout": 0.1,
+                "write_demos": 0}
 
 
 def sft_default_config() -> ConfigDict:
     """api.default_config() plus the `sft` section:
     sft.policy: the demonstrations' policy (policies.POLICY_NAMES), when sft.data is "";
+    sft.solver_share: the chance of a solver turn under policy "mix" (else a random turn);
     sft.data: a JSONL file of {"messages": [...]} transcripts to train on instead ("" = none);
     sft.heldout: the fraction of sft.data's conversations held out for val/sft/heldout/loss
     (its last ones); sft.write_demos: demonstrations written to <workdir>/demos.jsonl at the
@@ -94,6 +96,9 @@ def split_config(config: ConfigDict) -> tuple[ConfigDict, ConfigDict]:
     section.update(given)
     require_valid("sft.policy", section["policy"], section["policy"] in POLICY_NAMES,
                   f"one of {POLICY_NAMES}")
+    share = section["solver_share"]
+    require_valid("sft.solver_share", share, is_number(share) and 0 <= share <= 1,
+                  "a number in [0, 1]")
     data = section["data"]
     require_valid("sft.data", data, isinstance(data, str) and (not data or Path(
         data).is_file()), "'' (demonstrations) or the path of a JSONL file")
@@ -244,7 +249,8 @@ def build(config: ConfigDict) -> SftExperiment:
     else:
         exp.policy = make_policy(section.policy, exp.env,
                                  max_actions_per_turn=r.max_actions_per_turn,
-                                 max_turns=r.max_turns, max_actions_per_traj=r.max_actions_per_traj)
+                                 max_turns=r.max_turns, max_actions_per_traj=r.max_actions_per_traj,
+                                 solver_share=float(section.solver_share))
         exp.encoder = build_reply_encoder(exp.tokenizer, exp.env, exp.codec,
                                           max_actions_per_turn=r.max_actions_per_turn)
     exp.use(exp.train)
