@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The train step on a GPU machine that has JAX but no package index (this project's device
+# machines): what docs/performance.md's GPU table was measured with.
+#
+#   bash experiments/bench/gpu_check.sh probe   # versions, the attention tests, tiny-random step
+#   bash experiments/bench/gpu_check.sh bench   # SmolLM2 at the quickstart and paper shapes
+#
+# What the machine lacks travels beside the working tree, prepared on a machine with pip:
+#   .gpu/whl/   wheels of the pure-Python packages the image lacks (jumanji and the packages it
+#               imports, tensorboardX, ml-collections, gguf), `pip download --no-deps`;
+#   .gpu/a/, .gpu/b/   the embedded SmolLM2 GGUF (98 MB) split in two (`split -n 2`), each part
+#               under one transfer's size limit; `bench` joins them and checks the sha256 in
+#               .gpu/a/sha256 (.gpu/a may come in an earlier call that copies it to
+#               /tmp/gpu_parts: a machine keeps /tmp between calls, not the carried paths).
+# The image's own JAX, Flax, optax and transformers are used (their versions are printed).
+set -uo pipefail
+mode=${1:?probe or bench}
+out=${OUT:-/tmp/gpu_out}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .gpu/whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export STARPO_JAX_CACHE=/tmp/starpo_cache XLA_PYTHON_CLIENT_PREALLOCATE=false
+mkdir -p "$STARPO_JAX_CACHE"
+python3 - <<'EOF'
+import importlib, jax
+for name in ("jax", "jaxlib", "flax", "optax", "chex", "orbax.checkpoint", "transformers",
+             "jumanji", "numpy"):
+    module = importlib.import_module(name)
+    print(name, getattr(module, "__version__", "?"))
+print(jax.devices())
+EOF
+if [ "$mode" = probe ]; then
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_attention.py \
+        2>&1 | tail -15
+    timeout 120 python3 - <<'EOF2'
+import jax, jax.numpy as jnp, numpy as np
+from starpo_jax.models import layers
+# cuDNN's fused attention (bfloat16, the GPU default) against the blockwise path, causal mask
+# with left padding as the update's rows have.
+b, t, h, kvh, hd = 4, 256, 9, 3, 64
+keys = jax.random.split(jax.random.PRNGKey(0), 3)
+q = jax.random.normal(keys[0], (b, t, h, hd), jnp.bfloat16)
+k, v = (jax.random.normal(x, (b, kvh, t, hd), jnp.bfloat16) for x in keys[1:])
+pos = jnp.arange(t)
+start = jnp.array([0, 10, 100, 200])[:, None, None]
+visible = (pos[None, None, :] <= pos[None, :, None]) & (pos[None, None, :] >= start)
+real = (pos[None, :] >= start[:, :, 0])
+for impl in ("cudnn", "xla"):
+    fused = jax.jit(lambda *a: layers._fused_attention(*a, impl))(q, k, v, visible)
+    block = jax.jit(lambda *a: layers.attention(*a, causal=True, backend="xla"))(q, k, v, visible)
+    diff = jnp.abs(fused.astype(jnp.float32) - block.astype(jnp.float32)) * real[..., None, None]
+    print(f"fused[{impl}] vs blockwise, bfloat16: max |diff| {float(diff.max()):.4f}")
+EOF2
+    timeout 200 python3 experiments/bench/step.py --quick 2>&1 | tail -30
+    exit 0
+fi
+gguf=$STARPO_JAX_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
+part_a=.gpu/a  # or a copy of it kept in /tmp by an earlier call (carried paths do not stay)
+[ -d "$part_a" ] || part_a=/tmp/gpu_parts
+cat "$part_a"/part* .gpu/b/part* > "$gguf"
+sha256sum -c <(sed "s#  .*#  $gguf#" "$part_a/sha256") || exit 1
+run() {  # a label, a time limit, then bench/step.py's arguments
+    local label=$1 limit=$2
+    shift 2
+    echo "=== $label: experiments/bench/step.py $*"
+    timeout "$limit" python3 experiments/bench/step.py "$@" --json "$out/$label.json" 2>&1 \
+        | tail -40
+}
+run quickstart 150 --config quickstart.py --runs 4
+run quickstart_bf16 150 --config quickstart.py --runs 4 --set model.dtype=bfloat16
+run paper 300 --paper --runs 2
