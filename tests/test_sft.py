@@ -51,11 +51,13 @@ def _grid_setup(name: str, mode: str, reply_tokens: int = 32):
     return env, tok, codec, build_reply_encoder(tok, env, codec, max_actions_per_turn=5), config
 
 
-def _demos(name: str, mode: str, policy: str, key: int = 0, **shape):
+def _demos(name: str, mode: str, policy: str, key: int = 0, solver_share: float = 0.5,
+           **shape):
     env, tok, codec, encoder, config = _grid_setup(name, mode)
     config = dataclasses.replace(config, **shape)
     p = make_policy(policy, env, max_actions_per_turn=config.max_actions_per_turn,
-                    max_turns=config.max_turns, max_actions_per_traj=config.max_actions_per_traj)
+                    max_turns=config.max_turns, max_actions_per_traj=config.max_actions_per_traj,
+                    solver_share=solver_share)
     run = jax.jit(lambda k: demonstrate(env, codec, config, p, encoder, k,
                                         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id))
     return jax.device_get(run(jax.random.PRNGKey(key))), config
@@ -209,10 +211,11 @@ def test_mix_policy_plays_the_solver_on_its_share_of_turns():
         assert abs(float(picks[:, 0].mean()) - share) < 0.03
     env = _grid_setup("sokoban", "nothink")[0]
     solver, _ = _demos("sokoban", "nothink", "solver", key=3, groups=8, group_size=1)
-    mix_all = jax.device_get(_mix_demos(1.0, key=3))
+    mix_all, _ = _demos("sokoban", "nothink", "mix", key=3, solver_share=1.0, groups=8,
+                        group_size=1)
     np.testing.assert_array_equal(mix_all.tokens, solver.tokens)
     random, _ = _demos("sokoban", "nothink", "random", key=3, groups=8, group_size=1)
-    half = jax.device_get(_mix_demos(0.5, key=3))
+    half, _ = _demos("sokoban", "nothink", "mix", key=3, groups=8, group_size=1)
     assert half.success.mean() > random.success.mean()
     with pytest.raises(ValueError, match=r"solver_share = 1.5 is not a probability"):
         make_policy("mix", env, max_actions_per_turn=5, max_turns=5, max_actions_per_traj=10,
@@ -221,17 +224,6 @@ def test_mix_policy_plays_the_solver_on_its_share_of_turns():
     c.sft.solver_share = -0.1
     with pytest.raises(ValueError, match=r"config.sft.solver_share = -0.1 is invalid"):
         sft.split_config(c)
-
-
-def _mix_demos(share: float, key: int):
-    env, tok, codec, encoder, config = _grid_setup("sokoban", "nothink")
-    config = dataclasses.replace(config, groups=8, group_size=1)
-    p = make_policy("mix", env, max_actions_per_turn=config.max_actions_per_turn,
-                    max_turns=config.max_turns, max_actions_per_traj=config.max_actions_per_traj,
-                    solver_share=share)
-    return jax.jit(lambda k: demonstrate(env, codec, config, p, encoder, k,
-                                         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id))(
-        jax.random.PRNGKey(key))
 
 
 def test_frozen_lake_solver_values_match_numpy_value_iteration():
