@@ -314,3 +314,20 @@ def test_an_installed_package_registers_its_envs_by_entry_point(tmp_path, monkey
     finally:
         run_config.load_env_entry_points.cache_clear()
         sys.modules.pop("coin_envs", None)
+
+
+def test_a_repeated_sigterm_keeps_the_save_and_ctrl_c_still_stops_at_once(capsys):
+    """`timeout` (and a kill of a process group) delivers one SIGTERM twice: the stop it asked
+    for still saves; Ctrl-C after it ends the run at once."""
+    exits = []
+    stop = runner.StopRequests(exit=exits.append)
+    stop.heard(signal.SIGTERM)
+    stop.heard(signal.SIGTERM)
+    assert stop.is_set() and exits == []
+    stop.saved_step = 4
+    stop.heard(signal.SIGINT)
+    assert exits == [128 + signal.SIGINT]
+    out = capsys.readouterr().out
+    assert "SIGTERM again: still saving after this step (Ctrl-C stops at once)" in out
+    assert "SIGINT again: stopping now without saving; the newest complete checkpoint, step 4, " \
+        "is where --resume continues" in out

@@ -92,9 +92,12 @@ class StopRequests(threading.Event):
     for the step, hours at the paper's shape on a CPU): Python's C-level handler writes each
     signal's number to a pipe (signal.set_wakeup_fd), which a watcher thread reads. The first
     prints that the stop was heard and about how long the step has left (`step_started`,
-    `step_seconds`: set by the loop); the second ends the process at once with status 128 +
-    the signal, the newest complete checkpoint (`saved_step`) left as the resume point (saves
-    are atomic; the lock file keeps this run's name and the next run takes it over).
+    `step_seconds`: set by the loop); a later SIGINT (Ctrl-C again) ends the process at once
+    with status 128 + SIGINT, the newest complete checkpoint (`saved_step`) left as the resume
+    point (saves are atomic; the lock file keeps this run's name and the next run takes it
+    over). A later SIGTERM does not: one kill often arrives twice (`timeout` signals the
+    process and then its process group; a scheduler may signal every process of the job),
+    and the save it asked for is kept; a supervisor that will not wait sends SIGKILL.
     """
 
     def __init__(self, exit: Callable[[int], None] = os._exit):
@@ -107,6 +110,10 @@ class StopRequests(threading.Event):
     def heard(self, signum: int) -> None:
         """One SIGINT / SIGTERM (called on the watcher thread)."""
         name = signal.Signals(signum).name
+        if self.is_set() and signum == signal.SIGTERM:
+            print(f"\n{name} again: still saving after this step (Ctrl-C stops at once)",
+                  flush=True)
+            return
         if self.is_set():
             saved = (f"the newest complete checkpoint, step {self.saved_step}, is where --resume "
                      "continues" if self.saved_step is not None else
@@ -130,8 +137,8 @@ class StopRequests(threading.Event):
 @contextmanager
 def stop_on_signals(exit: Callable[[int], None] = os._exit) -> Iterator[StopRequests]:
     """StopRequests answering SIGINT / SIGTERM while the context is open (from the main
-    thread; a second signal calls `exit(128 + signal)`); the previous handlers and wakeup fd
-    come back on exit."""
+    thread; a SIGINT after the first signal calls `exit(128 + SIGINT)`); the previous handlers
+    and wakeup fd come back on exit."""
     stop = StopRequests(exit)
     read, write = os.pipe()
     os.set_blocking(write, False)  # set_wakeup_fd's contract: the C handler must never block
