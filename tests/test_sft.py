@@ -226,6 +226,20 @@ def test_mix_policy_plays_the_solver_on_its_share_of_turns():
         sft.split_config(c)
 
 
+
+def test_micro_batches_divide_all_the_rows_sft_trains_on():
+    """SFT has no filter and one update over every row: 8 rows take 8 micro-batches (a StarPO
+    run's check would count the 2 rows its filter keeps), and 3 is named against the 8."""
+    c = sft_tiny_config()
+    c.rollout.update(groups=4, group_size=2)
+    c.optim.micro_batches = 8
+    run, _ = sft.split_config(c)
+    assert (run.filter.keep_ratio, run.optim.micro_batches) == (1.0, 8)
+    c.optim.micro_batches = 3
+    with pytest.raises(ValueError, match=r"optim.micro_batches = 3 is invalid; valid: a divisor "
+                       r"of the 8 rows of a mini-batch"):
+        sft.split_config(c)
+
 def test_frozen_lake_solver_values_match_numpy_value_iteration():
     env = envs_jax.make("frozen_lake")
     keys = jax.random.split(jax.random.PRNGKey(0), 3)

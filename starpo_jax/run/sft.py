@@ -107,6 +107,10 @@ def split_config(config: ConfigDict) -> tuple[ConfigDict, ConfigDict]:
     w = section["write_demos"]
     require_valid("sft.write_demos", w, is_int(w, 0), "an int >= 0")
     run = experiment.merged_config(values)
+    # SFT trains on every row in one update (no filter, no mini-batches): what the checks of
+    # optim.micro_batches count is all the rows, not a StarPO run's kept ones.
+    run.filter.update(strategy="top_k", keep_ratio=1.0)
+    run.optim.minibatch_rows = run.rollout.groups * run.rollout.group_size
     experiment.train_config(run)
     if run.env.name in envs_host.names() and (not data or w):
         raise ValueError(f"config.env.name = {run.env.name!r} is a host env; valid for SFT: "
