@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -362,9 +363,10 @@ def test_resume_repeats_the_same_steps(tmp_path):
     assert [exp.step() for _ in range(2)] == straight[1:]
 
 
-def test_rl_starts_from_the_sft_workdir(tmp_path):
+def test_rl_starts_from_the_sft_workdir(tmp_path, caplog):
     """run.py's loop on an SFT experiment writes a workdir; model.init_from loads its policy
-    (LoRA adapters merged) into a StarPO run's model."""
+    (LoRA adapters merged) into a StarPO run's model, whose train step compiles once (restored
+    weights committed to a device made step 2 compile it again)."""
     exp = tiny_sft(lora=4)
     exp.state = exp.fresh_state()
     assert runner.train(exp, tmp_path) == 3
@@ -376,6 +378,11 @@ def test_rl_starts_from_the_sft_workdir(tmp_path):
     want = merged_params(nnx.to_pure_dict(exp.state.actor), exp.model.config)
     got = nnx.to_pure_dict(nnx.state(rl_exp.model))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), got, want)
+    with jax.log_compiles(), caplog.at_level(logging.WARNING):
+        rl_exp.step()
+        rl_exp.step()
+    compiles = [r for r in caplog.records if r.getMessage().startswith("Compiling jit(step)")]
+    assert len(compiles) == 1
     # A host env's run starts from it the same way (one prelude for both kinds of env).
     host = api.config_for("rg_chain_sum", "grpo", groups=2, group_size=2, reply_tokens=4)
     host.model.source, host.nothink, host.host.workers = "tiny-random", True, 1

@@ -194,5 +194,11 @@ def load_init_weights(model: Any, workdir: str | Path, source: str, dtype: str) 
     if train.lora.rank:
         params = merged_params(params, adapted_config(model.config, train.lora))
     graphdef, weights = nnx.split(model)
+    # Orbax commits what it restores to a device; the model's own (single-device) weights are
+    # uncommitted, and so must these be: a train step first called with committed weights and
+    # an uncommitted step counter returns them all committed, and compiles again for step 2.
+    params = jax.tree.map(
+        lambda r, x: r if getattr(x, "committed", True) else jnp.asarray(np.asarray(r)),
+        params, nnx.to_pure_dict(weights))
     nnx.replace_by_pure_dict(weights, params)
     return nnx.merge(graphdef, weights)
