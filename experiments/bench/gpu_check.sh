@@ -18,11 +18,7 @@ set -uo pipefail
 mode=${1:?probe or bench}
 out=${OUT:-/tmp/gpu_out}
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-export STARPO_JAX_CACHE=/tmp/starpo_cache XLA_PYTHON_CLIENT_PREALLOCATE=false
-mkdir -p "$STARPO_JAX_CACHE"
+source experiments/bench/gpu_env.sh
 python3 - <<'EOF'
 import importlib, jax
 for name in ("jax", "jaxlib", "flax", "optax", "chex", "orbax.checkpoint", "transformers",
@@ -53,11 +49,7 @@ for impl in ("cudnn", "xla"):
 EOF2
     exit 0
 fi
-gguf=$STARPO_JAX_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
-part_a=.gpu/a  # or a copy of it kept in /tmp by an earlier call (carried paths do not stay)
-[ -d "$part_a" ] || part_a=/tmp/gpu_parts
-cat "$part_a"/part* .gpu/b/part* > "$gguf"
-sha256sum -c <(sed "s#  .*#  $gguf#" "$part_a/sha256") || exit 1
+join_gguf
 run() {  # a label, a time limit, then bench/step.py's arguments
     local label=$1 limit=$2
     shift 2
