@@ -23,6 +23,7 @@ import envs_jax  # noqa: E402
 from envs_jax.frozen_lake import types as fl  # noqa: E402
 from envs_jax.sokoban.solver import solve  # noqa: E402
 from starpo_jax import api  # noqa: E402
+from starpo_jax.analysis.suite import load_config  # noqa: E402
 from starpo_jax.run import loop as runner, sft  # noqa: E402
 from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
 from starpo_jax.config import RolloutConfig  # noqa: E402
@@ -240,6 +241,15 @@ def test_micro_batches_divide_all_the_rows_sft_trains_on():
     with pytest.raises(ValueError, match=r"optim.micro_batches = 3 is invalid; valid: a divisor "
                        r"of the 8 rows of a mini-batch"):
         sft.split_config(c)
+
+
+def test_shipped_solver_sft_config_is_the_measured_recipe():
+    """sokoban_sft_solver.py (the GPU-trained start of results/cpu/pilots) checks and says what
+    was measured: solver demonstrations, 64 a step, LoRA rank 32, 100 steps."""
+    run, section = sft.split_config(load_config("sokoban_sft_solver"))
+    assert (section.policy, run.rollout.groups, run.rollout.group_size) == ("solver", 64, 1)
+    assert (run.lora.rank, run.optim.actor_lr, run.steps) == (32, 5e-4, 100)
+    assert run.eval.episodes == 64 and run.eval.seed == 0
 
 def test_frozen_lake_solver_values_match_numpy_value_iteration():
     env = envs_jax.make("frozen_lake")
