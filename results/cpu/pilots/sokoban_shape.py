@@ -1,7 +1,7 @@
 """Shape pilots of the CPU suite's Sokoban StarPO-S GRPO setting (README.md here): the suite's
 setting (starpo_jax.analysis.suite.grid_base("sokoban", "grpo")) from the suite's SFT start with
-the learning rate, rollout shape, keep ratio and steps given after the colon as
-"lr,groups,group_size,keep_ratio,steps"; held-out evaluations every 10 steps on the SFT start's
+the learning rate, rollout shape, keep ratio, steps and (optionally) the advantage estimator
+given after the colon as "lr,groups,group_size,keep_ratio,steps[,estimator]"; held-out evaluations every 10 steps on the SFT start's
 64 states (eval.seed 0):
 
     python experiments/run.py --config results/cpu/pilots/sokoban_shape.py:2e-5,4,8,0.5,20 \
@@ -15,8 +15,10 @@ SFT_START = Path(__file__).resolve().parents[1] / "runs" / "sokoban_sft" / "seed
 
 
 def get_config(arg="2e-5,4,8,0.5,20"):
-    lr, groups, group_size, keep, steps = arg.split(",")
+    lr, groups, group_size, keep, steps, *estimator = arg.split(",")
     c = grid_base("sokoban", "grpo")()
+    if estimator:
+        c.advantage.estimator = estimator[0]
     c.optim.actor_lr = float(lr)
     c.rollout.update(groups=int(groups), group_size=int(group_size))
     c.filter.keep_ratio = float(keep)
