@@ -47,10 +47,9 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
 
 
 def _set(tree: dict, name: str, value: object) -> None:
-    *parents, leaf = name.split("/")
+    *parents, leaf = name.split("/")  # the adapters live under string keys ("layers/...")
     for key in parents:
-        tree = tree[int(key) if isinstance(key, str) and key.isdigit() and int(key) in tree
-                    else key]
+        tree = tree[key]
     if leaf not in tree:
         raise KeyError(f"{name} is not a leaf of this run's actor")
     tree[leaf] = value
