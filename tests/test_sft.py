@@ -228,7 +228,6 @@ def test_mix_policy_plays_the_solver_on_its_share_of_turns():
         sft.split_config(c)
 
 
-
 def test_micro_batches_divide_all_the_rows_sft_trains_on():
     """SFT has no filter and one update over every row: 8 rows take 8 micro-batches (a StarPO
     run's check would count the 2 rows its filter keeps), and 3 is named against the 8."""
@@ -250,6 +249,7 @@ def test_shipped_solver_sft_config_is_the_measured_recipe():
     assert (section.policy, run.rollout.groups, run.rollout.group_size) == ("solver", 64, 1)
     assert (run.lora.rank, run.optim.actor_lr, run.steps) == (32, 5e-4, 100)
     assert run.eval.episodes == 64 and run.eval.seed == 0
+
 
 def test_frozen_lake_solver_values_match_numpy_value_iteration():
     env = envs_jax.make("frozen_lake")

@@ -108,12 +108,8 @@ class Checkpoints:
         if mismatch is not None:
             raise RunFault(f"checkpoint {where} was made by another config: {mismatch}. Resume "
                            "with the config that made it, or pass another --workdir")
-        # Orbax commits every array to its device; uncommitted leaves of `like` (a fresh
-        # single-device state) stay uncommitted so that the compiled step is reused, not redone.
         # An abstract `like` (jax.eval_shape) takes the arrays as restored.
-        return jax.tree.map(
-            lambda r, x: r if getattr(x, "committed", True) else jnp.asarray(np.asarray(r)),
-            restored, like)
+        return committed_like(restored, like)
 
     def close(self) -> None:
         self.manager.close()
@@ -163,6 +159,17 @@ def _quiet_orbax() -> Iterator[None]:
         sys.unraisablehook = hook
 
 
+def committed_like(restored: Any, like: Any) -> Any:
+    """`restored` (arrays orbax returns, each committed to its device) with the leaves whose
+    counterpart in `like` is uncommitted (a fresh single-device state or model) made uncommitted
+    too. A train step first called with committed weights and an uncommitted step counter
+    returns everything committed and compiles again for step 2; leaves of a sharded or abstract
+    `like` are kept as restored."""
+    return jax.tree.map(
+        lambda r, x: r if getattr(x, "committed", True) else jnp.asarray(np.asarray(r)),
+        restored, like)
+
+
 def load_init_weights(model: Any, workdir: str | Path, source: str, dtype: str) -> Any:
     """`model` (a Decoder without adapters, loaded from model `source` in `dtype`) with the
     policy weights of an SFT (or StarPO) workdir's newest checkpoint, LoRA adapters merged in.
@@ -194,11 +201,5 @@ def load_init_weights(model: Any, workdir: str | Path, source: str, dtype: str) 
     if train.lora.rank:
         params = merged_params(params, adapted_config(model.config, train.lora))
     graphdef, weights = nnx.split(model)
-    # Orbax commits what it restores to a device; the model's own (single-device) weights are
-    # uncommitted, and so must these be: a train step first called with committed weights and
-    # an uncommitted step counter returns them all committed, and compiles again for step 2.
-    params = jax.tree.map(
-        lambda r, x: r if getattr(x, "committed", True) else jnp.asarray(np.asarray(r)),
-        params, nnx.to_pure_dict(weights))
-    nnx.replace_by_pure_dict(weights, params)
+    nnx.replace_by_pure_dict(weights, committed_like(params, nnx.to_pure_dict(weights)))
     return nnx.merge(graphdef, weights)

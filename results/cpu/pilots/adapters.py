@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+from flax import nnx, traverse_util  # noqa: E402
 
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.models.lora import adapted  # noqa: E402
@@ -36,23 +36,6 @@ from starpo_jax.run.schema import read_run_config  # noqa: E402
 from starpo_jax.train.state import init_train_state  # noqa: E402
 
 CHUNK = 15 * 2**20
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        out.update(_flat(value, name + "/") if isinstance(value, dict) else {name: value})
-    return out
-
-
-def _set(tree: dict, name: str, value: object) -> None:
-    *parents, leaf = name.split("/")  # the adapters live under string keys ("layers/...")
-    for key in parents:
-        tree = tree[key]
-    if leaf not in tree:
-        raise KeyError(f"{name} is not a leaf of this run's actor")
-    tree[leaf] = value
 
 
 def _model(workdir: Path):
@@ -72,8 +55,8 @@ def pack(workdir: Path, out: Path) -> None:
         actor = restore_actor(manager, steps[-1], nnx.state(model))
     finally:
         manager.close()
-    leaves = {k: np.asarray(v) for k, v in _flat(nnx.to_pure_dict(actor)).items()
-              if "_lora_" in k}
+    flat = traverse_util.flatten_dict(nnx.to_pure_dict(actor), sep="/")
+    leaves = {k: np.asarray(v) for k, v in flat.items() if "_lora_" in k}
     out.mkdir(parents=True, exist_ok=True)
     chunk: dict[str, np.ndarray] = {}
     files = 0
@@ -94,13 +77,16 @@ def unpack(packed: Path, workdir: Path) -> None:
     (workdir / "config.json").write_text(json.dumps(meta["config"], indent=2))
     train, model = _model(workdir)
     state = init_train_state(train, jax.random.PRNGKey(0), model=model)
-    actor = nnx.to_pure_dict(state.actor)
+    actor = traverse_util.flatten_dict(nnx.to_pure_dict(state.actor), sep="/")
     count = 0
     for path in sorted(packed.glob("adapters_*.npz")):
         with np.load(path) as arrays:
             for name in arrays.files:
-                _set(actor, name, jax.numpy.asarray(arrays[name]))
+                if name not in actor:
+                    raise KeyError(f"{name} is not a leaf of this run's actor")
+                actor[name] = jax.numpy.asarray(arrays[name])
                 count += 1
+    actor = traverse_util.unflatten_dict(actor, sep="/")
     nnx.replace_by_pure_dict(state.actor, actor)
     state = state.replace(step=jax.numpy.int32(meta["step"]))
     checkpoints = Checkpoints(workdir / "checkpoints", 0, 1)
