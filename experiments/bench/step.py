@@ -7,7 +7,8 @@
     python experiments/bench/step.py --config quickstart.py --runs 3   # phases of the 3rd run
     python experiments/bench/step.py --config sokoban_ppo.py --set rollout.reply_tokens=100
     python experiments/bench/step.py --suite     # the CPU suite's multi-turn shape: Sokoban and
-                                                 # FrozenLake, 4 x 8, 5 turns, 16-token replies
+                                                 # FrozenLake, 4 x 8, 5 turns, 16-token replies,
+                                                 # GRPO and PPO, full fine-tuning and LoRA
     python experiments/bench/step.py --paper     # sokoban_ppo.py with 100-token replies
     python experiments/bench/step.py --suite --profile      # + rollout / update phase split
     python experiments/bench/step.py --suite --against 4eb1311 --pairs 2   # side by side
@@ -17,8 +18,9 @@
 turns' message prefills, the decode steps and the rest (environment, parsing, buffers), and
 the update's into forward, backward and attention (each piece compiled alone at the step's
 shapes and timed, its count from the config: an estimate beside the step's measured phases).
---against COMMIT checks COMMIT out into a git worktree (/tmp/starpo_against_<commit>) and runs
-this same script, with the same arguments, alternately on that code and on this one (each run a
+--against COMMIT checks COMMIT out into a git worktree (/tmp/starpo_against_<commit>) and, for
+each config in turn, runs `--config FILE --set ...` alternately with that code's own copy of this
+script (experiments/bench_step.py in commits before the move) and with this one (each run a
 process of its own, `--pairs` times each), then prints each run's step and phases and the
 ratio of the medians (older / this: > 1 is faster here).
 
@@ -279,8 +281,15 @@ def phase_table(row: dict) -> str:
     return "\n".join(lines)
 
 
-SUITE = ("sokoban_cpu.py", "frozen_lake_cpu.py")  # the CPU suite's multi-turn shape
+# The CPU suite's multi-turn shape (issue 32, target 1): each game's CPU config (GRPO, 4 x 8, 5
+# turns, 16-token NoThink replies) with GRPO and PPO, full fine-tuning and LoRA (rank 32, the
+# solver SFT start's adapters).
+SUITE_VARIANTS = ([], ["algo=ppo"], ["lora.rank=32"], ["algo=ppo", "lora.rank=32"])
+SUITE = tuple((name, variant) for name in ("sokoban_cpu.py", "frozen_lake_cpu.py")
+              for variant in SUITE_VARIANTS)
 PAPER = ("sokoban_ppo.py", ["rollout.reply_tokens=100"])  # issue 32's paper shape
+COLUMNS = ("model", "env", "algo", "B", "L", "turns", "reply", "knobs", "compile_step", "rollout",
+           "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "mfu", "peak_rss_gib")
 
 
 def _timed(fn, *args, reps: int = 2) -> float:
@@ -368,37 +377,69 @@ def profile_table(row: dict) -> str:
     return "\n".join(lines)
 
 
-def against(commit: str, argv: list[str], pairs: int) -> None:
-    """Runs this script with `argv` alternately on `commit`'s code (a git worktree) and on this
-    checkout's, `pairs` runs each, and prints the runs and the ratio of the medians."""
+def parse_rows(stdout: str) -> list[dict]:
+    """The result rows a run of this script printed (the COLUMNS header, then one " | "-joined
+    line per config until a blank line), numbers as floats; older commits print the same."""
+    lines = stdout.splitlines()
+    at = lines.index(" | ".join(COLUMNS)) + 1
+    rows = []
+    for line in lines[at:]:
+        values = line.split(" | ")
+        if len(values) != len(COLUMNS):
+            break
+        row = dict(zip(COLUMNS, values))
+        for key in ("compile_step", "rollout", "old_logprobs", "update", "step", "mfu",
+                    "peak_rss_gib"):
+            row[key] = float(row[key])
+        rows.append(row)
+    return rows
+
+
+def _script(root: str) -> str:
+    """This benchmark's file in checkout `root` (experiments/bench_step.py before the move)."""
+    for relative in ("experiments/bench/step.py", "experiments/bench_step.py"):
+        if os.path.isfile(os.path.join(root, relative)):
+            return os.path.join(root, relative)
+    raise FileNotFoundError(f"no experiments/bench/step.py or experiments/bench_step.py in {root}")
+
+
+def against(commit: str, cases: list[tuple[str, list[str]]], extra: list[str],
+            pairs: int) -> None:
+    """Benchmarks each run config of `cases` ((file, ["KEY=VALUE", ...])) on `commit`'s code (a
+    git worktree, run with its own copy of this script) and on this checkout's, alternating one
+    process per run, `pairs` runs each, and prints the runs and the ratio of the medians."""
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sha = subprocess.run(["git", "-C", here, "rev-parse", "--short", commit], check=True,
                          capture_output=True, text=True).stdout.strip()
     tree = f"/tmp/starpo_against_{sha}"
     if not os.path.isdir(tree):
         subprocess.run(["git", "-C", here, "worktree", "add", "--detach", tree, sha], check=True)
-    runs: dict[str, list] = {sha: [], "this": []}
-    for pair in range(pairs):
-        for label, root in ((sha, tree), ("this", here)):
-            path = f"/tmp/bench_step_{label}_{pair}.json"
-            env = dict(os.environ, PYTHONPATH=root)
-            print(f"[{time.strftime('%H:%M:%S')}] run {pair + 1}/{pairs} of {label} ({root}); "
-                  f"load average {os.getloadavg()}", flush=True)
-            subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--json", path],
-                           check=True, env=env)
-            with open(path) as f:
-                runs[label].append(json.load(f))
+    codes = ((sha, tree, _script(tree)), ("this", here, os.path.abspath(__file__)))
+    runs: dict[tuple[int, str], list[dict]] = {}
+    for index, (name, sets) in enumerate(cases):
+        for pair in range(pairs):
+            for label, root, script in codes:
+                print(f"[{time.strftime('%H:%M:%S')}] {name} {' '.join(sets)}: run {pair + 1}/"
+                      f"{pairs} of {label} ({root}); load average {os.getloadavg()}", flush=True)
+                command = [sys.executable, script, "--config", name, *extra]
+                command += [f"--set={s}" for s in sets]
+                done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True,
+                                      env=dict(os.environ, PYTHONPATH=root))
+                print(done.stdout, end="", flush=True)
+                runs.setdefault((index, label), []).extend(parse_rows(done.stdout))
     print(f"\nside by side ({pairs} runs each, alternating; load average now "
-          f"{os.getloadavg()}):")
+          f"{os.getloadavg()}); ratio = median {sha} / median this (> 1: faster here):")
     print("| config | phase | " + " | ".join(f"{sha} run {i + 1}" for i in range(pairs))
           + " | " + " | ".join(f"this run {i + 1}" for i in range(pairs)) + " | ratio |")
     print("|---|---|" + "---:|" * (2 * pairs + 1))
-    for i, row in enumerate(runs["this"][0]):
-        for phase in ("rollout", "old_logprobs", "update", "step", "compile_step"):
-            old = [run[i][phase] for run in runs[sha]]
-            new = [run[i][phase] for run in runs["this"]]
+    for index, (name, sets) in enumerate(cases):
+        label = " ".join([name, *sets])
+        for phase in ("rollout", "old_logprobs", "update", "step", "compile_step",
+                      "peak_rss_gib"):
+            old = [row[phase] for row in runs[index, sha]]
+            new = [row[phase] for row in runs[index, "this"]]
             ratio = statistics.median(old) / max(statistics.median(new), 1e-9)
-            print(f"| {row['model']} | {phase} | " + " | ".join(f"{x:.1f}" for x in old + new)
+            print(f"| {label} | {phase} | " + " | ".join(f"{x:.2f}" for x in old + new)
                   + f" | {ratio:.2f}x |")
 
 
@@ -425,7 +466,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1,
                         help="run the compiled step this many times, report the last run")
     parser.add_argument("--suite", action="store_true",
-                        help=f"bench the CPU suite's multi-turn configs {SUITE}")
+                        help="bench the CPU suite's multi-turn shape: sokoban_cpu.py and "
+                             "frozen_lake_cpu.py, each GRPO / PPO x full / LoRA rank 32")
     parser.add_argument("--paper", action="store_true",
                         help=f"bench the paper shape: {PAPER[0]} with {PAPER[1][0]}")
     parser.add_argument("--profile", action="store_true",
@@ -435,21 +477,21 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=1, help="with --against: runs of each")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
-    if args.against:
-        argv, skip = [], False
-        for a in sys.argv[1:]:  # every argument but --against / --pairs and their values
-            if skip or a in ("--against", "--pairs"):
-                skip = not skip and a in ("--against", "--pairs")
-                continue
-            if a.startswith(("--against=", "--pairs=")):
-                continue
-            argv.append(a)
-        against(args.against, argv, args.pairs)
-        return
+    names = ([(args.config, [])] if args.config else list(SUITE) if args.suite
+             else [PAPER] if args.paper else [])
     if args.runs < 1:
         parser.error(f"--runs must be >= 1; got {args.runs}")
-    if args.set and not (args.config or args.suite or args.paper):
+    if args.set and not names:
         parser.error("--set goes with --config, --suite or --paper")
+    if args.against:
+        if not names or args.profile or args.json:
+            parser.error("--against goes with --config, --suite or --paper (and not --profile "
+                         "or --json): it runs each config on both codes")
+        if args.pairs < 1:
+            parser.error(f"--pairs must be >= 1; got {args.pairs}")
+        against(args.against, [(name, sets + args.set) for name, sets in names],
+                [f"--runs={args.runs}"], args.pairs)
+        return
     knobs = dict(micro_batches=args.micro_batches, remat=args.remat, cache_dtype=args.cache_dtype,
                  chunks=args.rollout_chunks)
     if args.compile_only:
@@ -458,8 +500,6 @@ def main() -> None:
         print(" | ".join(row))
         print(" | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
         return
-    names = ([(args.config, [])] if args.config else [(n, []) for n in SUITE] if args.suite
-             else [PAPER] if args.paper else [])
     if names:
         try:
             configs = [(name, _read_config(name, sets + args.set)) for name, sets in names]
@@ -473,8 +513,7 @@ def main() -> None:
                  for m in ("tiny-random", "smollm2-135m-instruct") if args.model in (None, m)]
     peak = max(matmul_peak(2048, 3))
     print(f"devices: {jax.devices()}; f32 2048^3 matmul peak: {peak / 1e9:.1f} GFLOP/s")
-    cols = ("model", "env", "algo", "B", "L", "turns", "reply", "knobs", "compile_step", "rollout",
-            "old_logprobs", "update", "step", "tok_s", "gen_tok_s", "mfu", "peak_rss_gib")
+    cols = COLUMNS
     print(" | ".join(cols))
     rows = []
     for case in cases:
