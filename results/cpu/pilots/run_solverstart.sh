@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
 # StarPO-S from the GPU-trained solver SFT start (sokoban_sft_gpu_solver100): runs given as
-# ESTIMATOR:SEED[:LR[:MODE]] (estimator grpo or gigpo; lr default 2e-5; MODE the group
+# ESTIMATOR:SEED[:LR[:MODE[:RANK]]] (estimator grpo or gigpo; lr default 2e-5; MODE the group
 # normalisation, advantage.grpo_mode and, for gigpo, step_mode: mean_std (default) or mean,
-# Dr.GRPO's / the original's norm_adv_by_std_in_grpo=False), in order, each resumed where a
-# cut-off session left it (README.md here):
+# Dr.GRPO's / the original's norm_adv_by_std_in_grpo=False; RANK: a LoRA policy of that rank
+# on the merged start, default 0: full fine-tuning), in order, each resumed where a cut-off
+# session left it (README.md here):
 #   nohup bash results/cpu/pilots/run_solverstart.sh grpo:0 gigpo:0 grpo:0:1e-5 > logs/solverstart.log 2>&1 &
 # For gpu_sft.sh: START (the SFT workdir), RUNS_DIR (where the runs go; default here), DEADLINE
 # (seconds into this script after which no run starts and the current one is stopped with
-# SIGTERM, saving), EXTRA (more run.py arguments), TAG (appended to every run directory's name,
-# naming what EXTRA changes, e.g. TAG=_lora32 EXTRA=--config.lora.rank=32), PY (the python;
-# default python).
+# SIGTERM, saving), EXTRA (more run.py arguments), PY (the python; default python).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 start=${START:-$here/sokoban_sft_gpu_solver100/seed_0}
 root=${RUNS_DIR:-$here}
 for run in "$@"; do
-    IFS=: read -r estimator seed lr mode <<< "$run"
+    IFS=: read -r estimator seed lr mode rank <<< "$run"
     lr=${lr:-2e-5}
     mode=${mode:-mean_std}
-    name=sokoban_${estimator}_s_solverstart_${lr}_4x8_keep0.5_20${TAG:-}
+    rank=${rank:-0}
+    name=sokoban_${estimator}_s_solverstart_${lr}_4x8_keep0.5_20
     modes=()
     if [ "$mode" != mean_std ]; then
         name=${name}_$mode
         modes=(--config.advantage.grpo_mode="$mode")
         [ "$estimator" = gigpo ] && modes+=(--config.advantage.step_mode="$mode")
+    fi
+    if [ "$rank" != 0 ]; then
+        name=${name}_lora$rank
+        modes+=(--config.lora.rank="$rank")
     fi
     w=$root/$name/seed_$seed
     suffix=",$estimator"
@@ -36,7 +40,7 @@ for run in "$@"; do
         [ "$left" -gt 60 ] || { echo "=== no time left for $run"; break; }
         limit=(timeout -s TERM -k 60 "$left")
     fi
-    echo "=== $estimator seed $seed lr $lr mode $mode -> $w $(date +%T)"
+    echo "=== $estimator seed $seed lr $lr mode $mode lora rank $rank -> $w $(date +%T)"
     "${limit[@]}" ${PY:-python} experiments/run.py \
         --config "$here/sokoban_shape.py:$lr,4,8,0.5,20$suffix" \
         --config.model.init_from="$start" --config.seed="$seed" --workdir "$w" "${resume[@]}" "${modes[@]}" \
