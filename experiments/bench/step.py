@@ -377,6 +377,12 @@ def profile_table(row: dict) -> str:
     return "\n".join(lines)
 
 
+def format_row(row: dict) -> str:
+    """One bench() row as printed under the COLUMNS header (parse_rows reads it back)."""
+    return " | ".join(f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c])
+                      for c in COLUMNS)
+
+
 def parse_rows(stdout: str) -> list[dict]:
     """The result rows a run of this script printed (the COLUMNS header, then one " | "-joined
     line per config until a blank line), numbers as floats; older commits print the same."""
@@ -438,9 +444,11 @@ def against(commit: str, cases: list[tuple[str, list[str]]], extra: list[str],
                       "peak_rss_gib"):
             old = [row[phase] for row in runs[index, sha]]
             new = [row[phase] for row in runs[index, "this"]]
-            ratio = statistics.median(old) / max(statistics.median(new), 1e-9)
+            new_median = statistics.median(new)
+            ratio = (f"{statistics.median(old) / new_median:.2f}x" if new_median > 0
+                     else "-")  # a phase this config does not have (GRPO's old log-probs)
             print(f"| {label} | {phase} | " + " | ".join(f"{x:.2f}" for x in old + new)
-                  + f" | {ratio:.2f}x |")
+                  + f" | {ratio} |")
 
 
 def main() -> None:
@@ -513,8 +521,7 @@ def main() -> None:
                  for m in ("tiny-random", "smollm2-135m-instruct") if args.model in (None, m)]
     peak = max(matmul_peak(2048, 3))
     print(f"devices: {jax.devices()}; f32 2048^3 matmul peak: {peak / 1e9:.1f} GFLOP/s")
-    cols = COLUMNS
-    print(" | ".join(cols))
+    print(" | ".join(COLUMNS))
     rows = []
     for case in cases:
         setup = [case()]  # popped into bench(): no reference left here to count in the peak
@@ -522,8 +529,7 @@ def main() -> None:
         rows.append(bench(setup.pop(), peak, args.runs))
         if pieces:
             rows[-1]["profile"] = pieces
-        print(" | ".join(f"{rows[-1][c]:.2f}" if isinstance(rows[-1][c], float)
-                         else str(rows[-1][c]) for c in cols), flush=True)
+        print(format_row(rows[-1]), flush=True)
     for row in rows:
         print(f"\n{phase_table(row)}")
         if "profile" in row:
