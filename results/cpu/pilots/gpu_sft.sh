@@ -16,7 +16,7 @@ out=${OUT:-/tmp/gpu_out}
 w=${WORK:-/tmp/w}
 SFT_SECONDS=${SFT_SECONDS:-330}
 DEADLINE=${DEADLINE:-560}  # RL runs until this many seconds into the script
-X
+RUNS=${RUNS:-grpo:0}  # run_solverstart.sh's items: ESTIMATOR:SEED[:LR[:MODE[:RANK]]]
 mkdir -p "$out" "$w"
 if [ -z "${PY:-}" ]; then
     source experiments/bench/gpu_env.sh

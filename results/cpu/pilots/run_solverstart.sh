@@ -19,15 +19,15 @@ for run in "$@"; do
     mode=${mode:-mean_std}
     rank=${rank:-0}
     name=sokoban_${estimator}_s_solverstart_${lr}_4x8_keep0.5_20
-    modes=()
+    options=()
     if [ "$mode" != mean_std ]; then
         name=${name}_$mode
-        modes=(--config.advantage.grpo_mode="$mode")
-        [ "$estimator" = gigpo ] && modes+=(--config.advantage.step_mode="$mode")
+        options=(--config.advantage.grpo_mode="$mode")
+        [ "$estimator" = gigpo ] && options+=(--config.advantage.step_mode="$mode")
     fi
     if [ "$rank" != 0 ]; then
         name=${name}_lora$rank
-        modes+=(--config.lora.rank="$rank")
+        options+=(--config.lora.rank="$rank")
     fi
     w=$root/$name/seed_$seed
     suffix=",$estimator"
@@ -43,6 +43,7 @@ for run in "$@"; do
     echo "=== $estimator seed $seed lr $lr mode $mode lora rank $rank -> $w $(date +%T)"
     "${limit[@]}" ${PY:-python} experiments/run.py \
         --config "$here/sokoban_shape.py:$lr,4,8,0.5,20$suffix" \
-        --config.model.init_from="$start" --config.seed="$seed" --workdir "$w" "${resume[@]}" "${modes[@]}" \
+        --config.model.init_from="$start" --config.seed="$seed" --workdir "$w" \
+        "${resume[@]}" "${options[@]}" \
         ${EXTRA:-} || exit 1
 done
