@@ -17,6 +17,7 @@ w=${WORK:-/tmp/w}
 SFT_SECONDS=${SFT_SECONDS:-330}
 DEADLINE=${DEADLINE:-560}  # RL runs until this many seconds into the script
 RUNS=${RUNS:-grpo:0}  # run_solverstart.sh's items: ESTIMATOR:SEED[:LR[:MODE[:RANK]]]
+# STEPS (run_solverstart.sh's run length) passes through; RL_EXTRA: more run.py arguments
 mkdir -p "$out" "$w"
 if [ -z "${PY:-}" ]; then
     source experiments/bench/gpu_env.sh
@@ -40,7 +41,7 @@ else
 fi
 echo "=== StarPO-S from it: ${RUNS} (run_solverstart.sh), until ${DEADLINE}s"
 START="$w/sft" RUNS_DIR="$w/rl" DEADLINE=$((DEADLINE - SECONDS)) PY=$py \
-    EXTRA="--config.optim.micro_batches=1 --config.optim.remat=true" \
+    EXTRA="--config.optim.micro_batches=1 --config.optim.remat=true ${RL_EXTRA:-}" \
     bash results/cpu/pilots/run_solverstart.sh $RUNS > "$w/rl.log" 2>&1
 grep -v WARN "$w/rl.log" | grep "^===\|^step\|greedy" | tail -40; date +%T
 tar czf "$out/rl.tgz" -C "$w" --exclude=checkpoints rl rl.log

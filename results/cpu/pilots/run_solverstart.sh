@@ -6,19 +6,21 @@
 # on the merged start, default 0: full fine-tuning), in order, each resumed where a cut-off
 # session left it (README.md here):
 #   nohup bash results/cpu/pilots/run_solverstart.sh grpo:0 gigpo:0 grpo:0:1e-5 > logs/solverstart.log 2>&1 &
-# For gpu_sft.sh: START (the SFT workdir), RUNS_DIR (where the runs go; default here), DEADLINE
-# (seconds into this script after which no run starts and the current one is stopped with
-# SIGTERM, saving), EXTRA (more run.py arguments), PY (the python; default python).
+# STEPS (default 20): the runs' length, in their names too. For gpu_sft.sh: START (the SFT
+# workdir), RUNS_DIR (where the runs go; default here), DEADLINE (seconds into this script
+# after which no run starts and the current one is stopped with SIGTERM, saving), EXTRA
+# (more run.py arguments), PY (the python; default python).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 start=${START:-$here/sokoban_sft_gpu_solver100/seed_0}
 root=${RUNS_DIR:-$here}
+steps=${STEPS:-20}
 for run in "$@"; do
     IFS=: read -r estimator seed lr mode rank <<< "$run"
     lr=${lr:-2e-5}
     mode=${mode:-mean_std}
     rank=${rank:-0}
-    name=sokoban_${estimator}_s_solverstart_${lr}_4x8_keep0.5_20
+    name=sokoban_${estimator}_s_solverstart_${lr}_4x8_keep0.5_$steps
     options=()
     if [ "$mode" != mean_std ]; then
         name=${name}_$mode
@@ -42,7 +44,7 @@ for run in "$@"; do
     fi
     echo "=== $estimator seed $seed lr $lr mode $mode lora rank $rank -> $w $(date +%T)"
     "${limit[@]}" ${PY:-python} experiments/run.py \
-        --config "$here/sokoban_shape.py:$lr,4,8,0.5,20$suffix" \
+        --config "$here/sokoban_shape.py:$lr,4,8,0.5,$steps$suffix" \
         --config.model.init_from="$start" --config.seed="$seed" --workdir "$w" \
         "${resume[@]}" "${options[@]}" \
         ${EXTRA:-} || exit 1
