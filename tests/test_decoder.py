@@ -190,9 +190,10 @@ def test_kv_cache_ragged_chunks_then_decode_equal_full_forward(model):
 
 
 @pytest.mark.parametrize("block", [2, 4])
-def test_prefill_query_blocks_equal_one_block(model, monkeypatch, block):
-    # A ragged 6-token prefill then a 5-token one into a cache: queries in blocks of 2 or 4
-    # (4 + 2, 4 + 1: a short last block) give the logits and cache of a single block.
+def test_prefill_key_blocks_equal_one_block(model, monkeypatch, block):
+    # A ragged 6-token prefill then a 5-token one into a 12-slot cache: keys read in blocks of 2
+    # or 4 (the last block moved back over slots already read) up to the fullest row give the
+    # logits and cache of one block of all 12 slots.
     rng = np.random.RandomState(3)
     first = jnp.asarray(rng.randint(0, TINY.vocab_size, (3, 6)), jnp.int32)
     second = jnp.asarray(rng.randint(0, TINY.vocab_size, (3, 5)), jnp.int32)
@@ -205,9 +206,9 @@ def test_prefill_query_blocks_equal_one_block(model, monkeypatch, block):
         logits2, cache = step(model, second, mask2, cache)
         return jax.device_get((logits1, logits2, cache.k, cache.v))
 
-    monkeypatch.setattr(layers, "PREFILL_BLOCK", 100)
+    monkeypatch.setattr(layers, "CACHE_KEY_BLOCK", 100)
     want = run()
-    monkeypatch.setattr(layers, "PREFILL_BLOCK", block)
+    monkeypatch.setattr(layers, "CACHE_KEY_BLOCK", block)
     for got, ref in zip(run(), want):
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
 
@@ -289,8 +290,9 @@ def _while_loops(config: ModelConfig, use_cache: bool) -> int:
 
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_layers_compile_to_one_loop_whatever_the_depth(use_cache):
+    # The layer scan; with a cache also the key-block loop of cache_attention inside it.
     counts = [_while_loops(dataclasses.replace(TINY, num_layers=n), use_cache) for n in (2, 8)]
-    assert counts == [1, 1]
+    assert counts == ([2, 2] if use_cache else [1, 1])
 
 
 def test_bfloat16_runs_close_to_float32(model):
@@ -501,10 +503,13 @@ def test_float32_queries_read_bfloat16_keys_at_float32_precision(t):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("block", [3, 4, 32])
-def test_decode_attention_over_filled_blocks_equals_one_softmax(monkeypatch, dtype, block):
-    """A decode step reads the cache in key blocks up to the fullest row (block 4 of 10 slots
-    moves its last block back over slots already read; 32 is one block): the result is one
-    softmax over the visible slots of the whole layer."""
+@pytest.mark.parametrize("queries", [1, 3])
+def test_cache_attention_over_filled_blocks_equals_one_softmax(monkeypatch, dtype, block,
+                                                               queries):
+    """A decode step (1 query a row) or a prefill (3, each seeing the slots up to its own) reads
+    the cache in key blocks up to the fullest row (block 4 of 10 slots moves its last block
+    back over slots already read; 32 is one block): the result is one softmax over the visible
+    slots of the whole layer, as `attention`'s unblocked one."""
     rng = np.random.default_rng(6)
     layers_n, b, kvh, h, slots, hd = 2, 3, 2, 4, 10, 8
     stored = []
@@ -513,14 +518,15 @@ def test_decode_attention_over_filled_blocks_equals_one_softmax(monkeypatch, dty
         if dtype == "bfloat16":  # stored as bit patterns, as KVCache does
             values = jax.lax.bitcast_convert_type(values, jnp.uint16)
         stored.append(values)
-    filled = np.array([7, 2, 9])
-    visible = jnp.asarray(np.arange(slots)[None, None, :] < filled[:, None, None])
-    q = jnp.asarray(rng.standard_normal((b, 1, h, hd)), jnp.float32)
-    monkeypatch.setattr(layers, "DECODE_KEY_BLOCK", block)
+    filled = np.array([7, 3, 9])  # each query sees a slot (else: uniform over what is read)
+    last = filled[:, None] - queries + np.arange(queries)  # [B, T] the slot of each query
+    visible = jnp.asarray(np.arange(slots)[None, None, :] <= last[:, :, None])
+    q = jnp.asarray(rng.standard_normal((b, queries, h, hd)), jnp.float32)
+    monkeypatch.setattr(layers, "CACHE_KEY_BLOCK", block)
     bound = layers.filled_bound(visible)
     assert int(bound) == 9
-    got = layers.decode_attention(q, *stored, jnp.int32(1), visible, bound)
-    want = layers.attention(q, *(layers._read_layer(s, 1) for s in stored), visible)
+    got = layers.cache_attention(q, *stored, jnp.int32(1), visible, bound)
+    want = layers.attention(q, *(layers._values(s[1]) for s in stored), visible)
     # bfloat16 values: both sides take the products at ~16 bits of the float32 side (_dot_f32).
     atol = 1e-6 if dtype == "float32" else 1e-5
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=atol)

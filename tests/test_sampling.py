@@ -12,8 +12,9 @@ from flax import nnx
 
 from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.decoder import Decoder
-from starpo_jax.rollout.sampling import (SamplingOptions, StopReason, generate, sample_tokens,
-                                         token_logprob, truncated_logits)
+from starpo_jax.models.cache import KVCache
+from starpo_jax.rollout.sampling import (SamplingOptions, StopReason, generate, generate_pure,
+                                         sample_tokens, token_logprob, truncated_logits)
 from starpo_jax.text.stops import advance_stop_tail, stop_tail_width
 from starpo_jax.text.token_bytes import TokenBytes
 
@@ -400,3 +401,59 @@ def test_embedded_smollm2_greedy_text_equals_transformers(monkeypatch):
         theirs.append(tokenizer.decode(row[: row.index(eos) + 1] if eos in row else row))
     assert ours == theirs
     assert all(len(text) > 10 for text in ours)
+
+
+def test_inactive_rows_sample_nothing_and_the_active_rows_are_unchanged(model, prompts):
+    """generate_pure(active=...): the rows not active get length 0 and pad tokens, the loop
+    ends with the active rows (their cache ends after the prompt), and the active rows' tokens
+    and log-probs are those of the run where every row samples (each row draws its own
+    numbers)."""
+    ids, lengths = prompts
+    graphdef, params = nnx.split(model)
+    options = SamplingOptions(max_new_tokens=7, temperature=1.0, eos_ids=(3,), pad_id=0)
+
+    @jax.jit
+    def run(active):
+        cache = KVCache.init(CONFIG, 3, 24)
+        return generate_pure(graphdef, params, jnp.asarray(ids), jnp.asarray(lengths),
+                             jax.random.key(9), cache, None, options, active)
+
+    every = run(jnp.ones((3,), bool))
+    some = run(jnp.array([True, False, True]))
+    for b in (0, 2):
+        np.testing.assert_array_equal(some.tokens[b], every.tokens[b])
+        np.testing.assert_allclose(some.logprobs[b], every.logprobs[b], rtol=1e-6, atol=1e-7)
+        assert int(some.lengths[b]) == int(every.lengths[b])
+    assert int(every.lengths[1]) > 0  # row 1 would have sampled
+    assert int(some.lengths[1]) == 0 and int(some.stop_reason[1]) == StopReason.BUDGET
+    np.testing.assert_array_equal(some.tokens[1], 0)
+    assert int(some.cache.end[1]) == int(lengths[1])
+    none = run(jnp.zeros((3,), bool))
+    np.testing.assert_array_equal(none.lengths, 0)
+
+
+@pytest.mark.parametrize("chunk", [2, 4, 32])
+def test_prefill_in_chunks_equals_one_call(model, prompts, monkeypatch, chunk):
+    """jax_env.prefill_cache appends a message in chunks of PREFILL_CHUNK tokens, only as many
+    as the longest row needs (ragged counts, one row 0): the cache's filled slots and ends are
+    those of one model call over the whole message; all counts 0 leave the cache as it was."""
+    from starpo_jax.rollout import jax_env
+    ids, lengths = prompts
+    first = generate(model, ids, lengths, jax.random.key(1), max_new_tokens=2, max_len=24).cache
+    message = np.random.default_rng(3).integers(0, VOCAB, (3, 7)).astype(np.int32)
+    counts = np.array([7, 0, 5], np.int32)
+    mask = np.arange(7)[None] < counts[:, None]
+    _, want = model.hidden_states(jnp.asarray(message), attention_mask=jnp.asarray(mask),
+                                  cache=first)
+    monkeypatch.setattr(jax_env, "PREFILL_CHUNK", chunk)
+    got = jax.jit(lambda c: jax_env.prefill_cache(model, jnp.asarray(message),
+                                                  jnp.asarray(counts), c))(first)
+    np.testing.assert_array_equal(got.end, first.end + counts)
+    for b in range(3):
+        end = int(got.end[b])
+        for g, w in ((got.k, want.k), (got.v, want.v)):
+            np.testing.assert_allclose(g[:, b, :, :end], w[:, b, :, :end], rtol=1e-5, atol=1e-6)
+    same = jax.jit(lambda c: jax_env.prefill_cache(model, jnp.asarray(message),
+                                                   jnp.zeros((3,), jnp.int32), c))(first)
+    for g, w in ((same.k, first.k), (same.v, first.v), (same.end, first.end)):
+        np.testing.assert_array_equal(g, w)

@@ -81,8 +81,8 @@ def jax_generation(
     """(compile seconds, one warmed-up generate call) of the starpo-jax sampler.
 
     The cache has `cache_slots` slots (default: exactly prompt + new tokens) in `cache_dtype`
-    (default: the model's), as the rollout's is sized for the whole trajectory: prefill reads
-    all of it, a decode step only the filled key blocks (models/layers.decode_attention)."""
+    (default: the model's), as the rollout's is sized for the whole trajectory: prefill and
+    decode steps read only its filled key blocks (models/layers.cache_attention)."""
     b, t = prompts.shape
     options = SamplingOptions(max_new_tokens=new_tokens, temperature=1.0)  # no EOS: full budget
     graphdef, params = nnx.split(model)

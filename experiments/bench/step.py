@@ -86,7 +86,7 @@ from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.phases import phase_name  # noqa: E402
 from starpo_jax.analysis.suite import load_config  # noqa: E402
 from starpo_jax.analysis.sweep import parse_overrides, setting_config  # noqa: E402
-from starpo_jax.rollout.jax_env import buffer_length, prompt_widths  # noqa: E402
+from starpo_jax.rollout.jax_env import buffer_length, prefill_cache, prompt_widths  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train.step import (filter_selection, init_train_state, make_train_fns,  # noqa: E402
                                    make_train_step)
@@ -310,7 +310,8 @@ def profile(setup: Setup) -> dict:
 
     rollout (per chunk of rollout.chunks): the groups' first prompts prefilled into an empty
     cache (once), a turn's environment message prefilled for every row into a half-full cache
-    (max_turns - 1 times), one decode step of every row against a half-full cache (max_turns x
+    (max_turns - 1 times; as the rollout does, jax_env.prefill_cache: up to the longest real
+    message of the rows' initial states, not the static width), one decode step of every row against a half-full cache (max_turns x
     reply_tokens times: an upper bound, replies that stop early take fewer). update: one
     micro-batch slice of the kept rows, a teacher-forced pass over the whole buffer without and
     with the gradient (the per-row path), and its causal attention alone (every layer, forward
@@ -318,7 +319,6 @@ def profile(setup: Setup) -> dict:
     model, codec, config = setup.model, setup.codec, setup.config
     r, o, mc = config.rollout, config.optim, setup.model.config
     rows, length = r.groups * r.group_size // r.chunks, buffer_length(codec, r)
-    first, later = prompt_widths(codec)
     graph, params = nnx.split(model)
     ids = lambda b, t: jnp.ones((b, t), jnp.int32)  # noqa: E731 any token: the work is the same
 
@@ -327,16 +327,24 @@ def profile(setup: Setup) -> dict:
         return empty.replace(end=jnp.full((b,), end, jnp.int32))
 
     def prefill(params, tokens, kv):
-        return nnx.merge(graph, params).hidden_states(tokens, cache=kv)[1]
+        return prefill_cache(nnx.merge(graph, params), tokens,
+                             jnp.full((tokens.shape[0],), tokens.shape[1], jnp.int32), kv)
+
+    states, _ = jax.vmap(setup.env.reset)(jax.random.split(jax.random.PRNGKey(0), rows))
+    symbols = jax.vmap(setup.env.render_symbols)(states)
+    first_real = int(jnp.max(codec.first_prompt(symbols, jnp.zeros((rows,), jnp.int32))[1]))
+    later_real = int(jnp.max(codec.next_prompt(jnp.full((rows,), 2), jnp.zeros((rows,)),
+                                               symbols, jnp.zeros((rows,), jnp.int32))[1]))
 
     def decode(params, tokens, kv):
         return nnx.merge(graph, params)(tokens, cache=kv)
 
     half = length // 2
-    out = {"first_prefill": r.chunks * _timed(prefill, params, ids(r.groups // r.chunks, first),
+    out = {"first_prefill": r.chunks * _timed(prefill, params,
+                                              ids(r.groups // r.chunks, first_real),
                                               cache(r.groups // r.chunks, 0)),
            "message_prefill": r.chunks * (r.max_turns - 1) * _timed(
-               prefill, params, ids(rows, later), cache(rows, half)),
+               prefill, params, ids(rows, later_real), cache(rows, half)),
            "decode": r.chunks * r.max_turns * r.reply_tokens * _timed(
                decode, params, ids(rows, 1), cache(rows, half))}
     slice_rows = max(config.kept_rows // config.minibatches // o.micro_batches, 1)

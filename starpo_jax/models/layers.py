@@ -50,9 +50,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 #: Query block of causal attention without a cache: block i reads only keys [0, end of block i).
 CAUSAL_BLOCK = 128
-#: Query block of a prefill into a cache: its [B, KVH, G, block, S] scores are all that exist at
-#: once. SmolLM2 at B = 128, L = 1732 (a 216-token environment message): 1.7 GB of float32
-#: scores per copy unblocked; XLA's plan of the whole step shrinks by 0.48 GiB from 64 to 32.
+#: Query block of `attention` without the causal promise: its [B, KVH, G, block, S] scores are
+#: all that exist at once (SmolLM2 at B = 128, S = 1732, 216 queries: 1.7 GB of float32 scores
+#: unblocked).
 PREFILL_BLOCK = 32
 
 
@@ -98,9 +98,9 @@ def attention(
     than half the time of SmolLM2's attention forward+backward; measured in
     experiments/bench/sampler.py's training row). A query with no visible key (padding) gets a
     uniform softmax over the keys its block reads instead of over all of them.
-    Otherwise (a prefill into a cache; decode steps go to `decode_attention`) the queries go in
-    blocks of PREFILL_BLOCK against all keys: each query's softmax is its own, so the result is the
-    unblocked one.
+    Otherwise (any visibility; a model call with a cache goes to `cache_attention`) the queries
+    go in blocks of PREFILL_BLOCK against all keys: each query's softmax is its own, so the
+    result is the unblocked one.
     """
     b, t, h, hd = q.shape
     kvh = k.shape[1]
@@ -133,9 +133,9 @@ def _fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Arra
     return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=implementation)
 
 
-#: Key block of a decode step: it reads the cache in blocks of this many slots, and only the
-#: blocks below the fullest row's filled count.
-DECODE_KEY_BLOCK = 128
+#: Key block of an attention over a cache (a decode step, a prefill into a cache): it reads the
+#: cache in blocks of this many slots, and only the blocks below the fullest row's filled count.
+CACHE_KEY_BLOCK = 128
 
 
 def filled_bound(visible: jax.Array) -> jax.Array:
@@ -144,29 +144,32 @@ def filled_bound(visible: jax.Array) -> jax.Array:
     return jnp.max(jnp.where(seen_any, jnp.arange(1, visible.shape[-1] + 1), 0))
 
 
-def decode_attention(
+def cache_attention(
     q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, layer: jax.Array, visible: jax.Array,
     bound: jax.Array,
 ) -> jax.Array:
-    """Attention of one new token per row over layer `layer` of the cache, read in place.
+    """Attention of T new tokens per row over layer `layer` of the cache, read in place: a
+    decode step (T = 1) or a prefill into a cache (the new tokens already written to it).
 
-    q [B, 1, H, hd]; cache_k, cache_v [num_layers, B, KVH, S, hd] (uint16 = bfloat16 bit
-    patterns); visible [B, 1, S] bool; bound = filled_bound(visible), computed once for all
-    layers. -> [B, 1, H, hd].
+    q [B, T, H, hd]; cache_k, cache_v [num_layers, B, KVH, S, hd] (uint16 = bfloat16 bit
+    patterns); visible [B, T, S] bool; bound = filled_bound(visible), computed once for all
+    layers. -> [B, T, H, hd].
 
     A cache is sized for a whole trajectory, so most of it is empty for most of the rollout: the
-    keys go in blocks of DECODE_KEY_BLOCK slots (a while loop with an online softmax) up to the
+    keys go in blocks of CACHE_KEY_BLOCK slots (a while loop with an online softmax) up to the
     last block any row has filled, each block sliced straight out of the whole cache, so the
     empty slots are never read and the layer is never copied out. With the head-major cache and
     `_dot_f32`, SmolLM2's decode step at 16 rows and 1732 bfloat16 slots went from 367 to 122 ms
     half full and from 376 to 196 ms full (experiments/bench/sampler.py --decode-fills; README).
-    The result is that one softmax up to float rounding; the block order is fixed.
+    A prefill of a multi-turn rollout's later message reads the turns so far, not the whole
+    conversation's buffer. The result is that one softmax up to float rounding (a query that
+    sees no slot gets a uniform softmax over the blocks read); the block order is fixed.
     """
-    b, _, h, hd = q.shape
+    b, t, h, hd = q.shape
     kvh, slots = cache_k.shape[2], cache_k.shape[3]
     g = h // kvh
-    block = min(DECODE_KEY_BLOCK, slots)
-    qh = q.reshape(b, kvh, g, 1, hd)  # [B, KVH, G, 1, hd]
+    block = min(CACHE_KEY_BLOCK, slots)
+    qh = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4)  # [B, KVH, G, T, hd]
     blocks = jnp.maximum((bound + block - 1) // block, 1)
 
     def read(cache: jax.Array, start: jax.Array) -> jax.Array:
@@ -174,14 +177,14 @@ def decode_attention(
                                              (1, b, kvh, block, hd))[0])
 
     def body(j, carry):
-        top, total, acc = carry  # running max [B, KVH, G, 1], softmax denominator, numerator
+        top, total, acc = carry  # running max [B, KVH, G, T], softmax denominator, numerator
         # The last block is moved back to fit the cache; its slots before j * block were read.
         start = jnp.minimum(j * block, slots - block)
         keys = start + jnp.arange(block)
-        seen = jax.lax.dynamic_slice_in_dim(visible[:, 0], start, block, axis=1)
+        seen = jax.lax.dynamic_slice_in_dim(visible, start, block, axis=2)  # [B, T, block]
         seen = seen & (keys >= j * block)
         scores = _dot_f32("bkgtd,bksd->bkgts", qh, read(cache_k, start)) * (hd**-0.5)
-        scores = jnp.where(seen[:, None, None, None, :], scores, _MASKED)
+        scores = jnp.where(seen[:, None, None], scores, _MASKED)
         new_top = jnp.maximum(top, jnp.max(scores, axis=-1))
         rescale = jnp.exp(top - new_top)
         probs = jnp.exp(scores - new_top[..., None])
@@ -190,11 +193,11 @@ def decode_attention(
             "bkgts,bksd->bkgtd", probs.astype(q.dtype), read(cache_v, start))
         return new_top, total, acc
 
-    init = (jnp.full((b, kvh, g, 1), _MASKED, jnp.float32), jnp.zeros((b, kvh, g, 1), jnp.float32),
-            jnp.zeros((b, kvh, g, 1, hd), jnp.float32))
+    init = (jnp.full((b, kvh, g, t), _MASKED, jnp.float32), jnp.zeros((b, kvh, g, t), jnp.float32),
+            jnp.zeros((b, kvh, g, t, hd), jnp.float32))
     _, total, acc = jax.lax.fori_loop(0, blocks, body, init)
-    out = acc / total[..., None]  # [B, KVH, G, 1, hd]
-    return out.reshape(b, 1, h, hd).astype(q.dtype)
+    out = acc / total[..., None]  # [B, KVH, G, T, hd]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd).astype(q.dtype)
 
 
 def _dot_f32(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -229,11 +232,6 @@ def _write_slots(
     # The two index arrays around the head slice put their [B, T] first: the update is [B, T,
     # KVH, hd], new's own layout.
     return cache.at[i, rows, :, slots].set(new.astype(cache.dtype), mode="drop")
-
-
-def _read_layer(cache: jax.Array, i: jax.Array) -> jax.Array:
-    """Layer i of a cache [num_layers, B, KVH, S, hd], as values (see `_values`)."""
-    return _values(cache[i])
 
 
 def _values(stored: jax.Array) -> jax.Array:
@@ -422,7 +420,7 @@ class LayerStack(nnx.Module):
         # passing it as scan inputs/outputs would copy every layer's cache on every call
         # (measured: 2x slower decode for SmolLM2-135M at batch 32).
         slots = kv[2]
-        bound = filled_bound(visible) if t == 1 else None
+        bound = filled_bound(visible)
 
         def cached_body(carry, xs):
             h, cache_k, cache_v = carry
@@ -431,10 +429,7 @@ class LayerStack(nnx.Module):
             q, k, v = attention_inputs(h, w)
             cache_k = _write_slots(cache_k, i, rows, slots, k)
             cache_v = _write_slots(cache_v, i, rows, slots, v)
-            if t == 1:  # a decode step
-                attn = decode_attention(q, cache_k, cache_v, i, visible, bound)
-            else:
-                attn = attention(q, _read_layer(cache_k, i), _read_layer(cache_v, i), visible)
+            attn = cache_attention(q, cache_k, cache_v, i, visible, bound)
             h = mlp_block(h, w, attn)
             return (h, cache_k, cache_v), None
 

@@ -65,10 +65,10 @@ def host_sample_width(text: HostText, config: RolloutConfig) -> int:
     return text.window_width + len(text.forced_prefix_ids) + config.reply_tokens
 
 
-def _generate(graphdef, params, cache, prefix, key, token_bytes, options):
+def _generate(graphdef, params, cache, prefix, key, token_bytes, options, active=None):
     b, f = cache.end.shape[0], prefix.shape[0]
     return generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, f)),
-                         jnp.full((b,), f, jnp.int32), key, cache, token_bytes, options)
+                         jnp.full((b,), f, jnp.int32), key, cache, token_bytes, options, active)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "options", "group_size", "length",
@@ -84,9 +84,10 @@ def _first_turn(graphdef, params, ids, counts, prefix, key, token_bytes, *, opti
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "options"), donate_argnames=("cache",))
 def _later_turn(graphdef, params, cache, ids, counts, prefix, key, token_bytes, *, options):
-    """Appends each row's message ids[b, :counts[b]] (0 for rows that stopped), samples."""
+    """Appends each row's message ids[b, :counts[b]] (0 for rows that stopped: they sample
+    nothing), samples."""
     cache = prefill_cache(nnx.merge(graphdef, params), ids, counts, cache)
-    return _generate(graphdef, params, cache, prefix, key, token_bytes, options)
+    return _generate(graphdef, params, cache, prefix, key, token_bytes, options, counts > 0)
 
 
 def _padded(rows: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -16,7 +16,8 @@ cache of L slots that always hold the same tokens. Turn 1's prompt (system + fir
 Rows whose episode ended, or whose action budget is spent, take no further turns. A reply that
 ended with EOS already holds the template's end-of-turn token, so the next message's copy of it
 is skipped. Only the sampled tokens are in the loss mask: not the template, env text or prefix.
-Inactive rows still run through the sampler (shapes are static) but nothing of theirs is kept.
+Inactive rows still run through the prefills (shapes are static) but sample nothing (the decode
+loop ends with the active rows), and nothing of theirs is kept.
 A demonstration (`replies=`, starpo_jax.rollout.demonstrations) is this same loop with each turn's
 reply tokens supplied instead of sampled, and no model.
 
@@ -189,15 +190,32 @@ def _write(buffer: jax.Array, start: jax.Array, values: jax.Array, count: jax.Ar
     return buffer.at[jnp.arange(b)[:, None], cols].set(values.astype(buffer.dtype), mode="drop")
 
 
+#: Token chunk of `prefill_cache`: a message is prefilled in chunks of this many tokens, only
+#: as many as its longest row needs (the static message widths hold the longest rendering of
+#: any state: Sokoban's 208-token message is ~100 tokens for every 6x6 board).
+PREFILL_CHUNK = 32
+
+
 def prefill_cache(model: Any, ids: jax.Array, counts: jax.Array, cache: KVCache | None,
                   ) -> KVCache | None:
     """Appends ids[b, :counts[b]] to each row's cache (counts may be 0); no cache, no model (a
-    demonstration): nothing to do."""
+    demonstration): nothing to do. The columns go in chunks of PREFILL_CHUNK up to the largest
+    count (none when every count is 0: rows that ended cost nothing once all have), each chunk
+    attending to the filled slots only (layers.cache_attention): the same cache as one call over
+    all columns, up to float rounding."""
     if cache is None:
         return None
-    mask = jnp.arange(ids.shape[1]) < counts[:, None]
-    _, cache = model.hidden_states(jnp.maximum(ids, 0), attention_mask=mask, cache=cache)
-    return cache
+    width = ids.shape[1]
+    chunk = min(PREFILL_CHUNK, width)
+    ids = jnp.pad(jnp.maximum(ids, 0), ((0, 0), (0, -width % chunk)))
+
+    def one(i, cache):
+        start = i * chunk
+        part = jax.lax.dynamic_slice_in_dim(ids, start, chunk, axis=1)
+        mask = jnp.arange(chunk) < (counts - start)[:, None]
+        return model.hidden_states(part, attention_mask=mask, cache=cache)[1]
+
+    return jax.lax.fori_loop(0, (jnp.max(counts) + chunk - 1) // chunk, one, cache)
 
 
 def _repeat_rows(tree: Any, n: int) -> Any:
@@ -393,7 +411,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         if replies is None:
             gen = generate_pure(graphdef, params, jnp.broadcast_to(prefix, (b, prefix.shape[0])),
                                 jnp.full((b,), prefix.shape[0], jnp.int32), turn_key, cache,
-                                token_bytes, options)
+                                token_bytes, options, active)
         else:
             gen = supplied_replies(replies, states, k, turn_key, config.reply_tokens, pad_id)
         cache = None if windowed else gen.cache

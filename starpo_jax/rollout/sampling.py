@@ -159,12 +159,17 @@ def generate_pure(
     cache: KVCache,
     token_bytes: tuple[jax.Array, jax.Array] | None,
     options: SamplingOptions,
+    active: jax.Array | None = None,
 ) -> GenerateOutput:
     """The traceable core of `generate` (call it inside your own jit, e.g. the rollout).
 
     graphdef, params = nnx.split(model); prompt_ids [B, T] int32; prompt_lengths [B] int32 >= 1;
     key: a PRNG key; cache: a KVCache with room for end + T + max_new_tokens slots per row;
     token_bytes: (bytes [V, Lmax] uint8, lengths [V] int32), needed when options.stop is set.
+    active: [B] bool, default all: rows not active sample nothing (length 0, stop reason
+    BUDGET), so the decode loop ends with the active rows (a multi-turn rollout's rows whose
+    episode ended); the active rows' tokens are the same either way (each row draws its own
+    number at each step).
     """
     if options.stop and token_bytes is None:
         raise ValueError(f"stop strings {options.stop!r} need token_bytes (see token_byte_table)")
@@ -187,7 +192,8 @@ def generate_pure(
         "logprobs": zeros,
         "entropy": zeros,
         "lengths": jnp.zeros((b,), jnp.int32),
-        "reason": jnp.full((b,), StopReason.RUNNING, jnp.int32),
+        "reason": jnp.where(jnp.ones((b,), bool) if active is None else active,
+                            StopReason.RUNNING, StopReason.BUDGET).astype(jnp.int32),
         "tail": jnp.full((b, stop_tail_width(options.stop)), -1, jnp.int32),
     }
 
