@@ -311,8 +311,9 @@ def profile(setup: Setup) -> dict:
     rollout (per chunk of rollout.chunks): the groups' first prompts prefilled into an empty
     cache (once), a turn's environment message prefilled for every row into a half-full cache
     (max_turns - 1 times; as the rollout does, jax_env.prefill_cache: up to the longest real
-    message of the rows' initial states, not the static width), one decode step of every row against a half-full cache (max_turns x
-    reply_tokens times: an upper bound, replies that stop early take fewer). update: one
+    message of the rows' initial states, not the static width), one decode step of every row
+    against a half-full cache (max_turns x reply_tokens times: an upper bound, replies that
+    stop early take fewer). update: one
     micro-batch slice of the kept rows, a teacher-forced pass over the whole buffer without and
     with the gradient (the per-row path), and its causal attention alone (every layer, forward
     and forward+backward), times the slices, mini-batches and epochs."""
