@@ -86,7 +86,7 @@ from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.phases import phase_name  # noqa: E402
 from starpo_jax.analysis.suite import load_config  # noqa: E402
 from starpo_jax.analysis.sweep import parse_overrides, setting_config  # noqa: E402
-from starpo_jax.rollout.jax_env import buffer_length, prefill_cache, prompt_widths  # noqa: E402
+from starpo_jax.rollout.jax_env import buffer_length, prefill_cache  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train.step import (filter_selection, init_train_state, make_train_fns,  # noqa: E402
                                    make_train_step)
@@ -313,10 +313,10 @@ def profile(setup: Setup) -> dict:
     (max_turns - 1 times; as the rollout does, jax_env.prefill_cache: up to the longest real
     message of the rows' initial states, not the static width), one decode step of every row
     against a half-full cache (max_turns x reply_tokens times: an upper bound, replies that
-    stop early take fewer). update: one
-    micro-batch slice of the kept rows, a teacher-forced pass over the whole buffer without and
-    with the gradient (the per-row path), and its causal attention alone (every layer, forward
-    and forward+backward), times the slices, mini-batches and epochs."""
+    stop early take fewer). update: one micro-batch slice of the kept rows, a teacher-forced
+    pass over the whole buffer without and with the gradient (the per-row path), and its causal
+    attention alone (every layer, forward and forward+backward), times the slices, mini-batches
+    and epochs."""
     model, codec, config = setup.model, setup.codec, setup.config
     r, o, mc = config.rollout, config.optim, setup.model.config
     rows, length = r.groups * r.group_size // r.chunks, buffer_length(codec, r)
