@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # StarPO-S from the GPU-trained solver SFT start (sokoban_sft_gpu_solver100): runs given as
-# ESTIMATOR:SEED[:LR[:MODE[:RANK]]] (estimator grpo or gigpo; lr default 2e-5; MODE the group
+# METHOD:SEED[:LR[:MODE[:RANK[:SHAPE]]]] (METHOD grpo, gigpo, ppo (StarPO-S PPO with its
+# critic) or vanilla (vanilla StarPO's GRPO, no filter); lr default 2e-5; MODE the group
 # normalisation, advantage.grpo_mode and, for gigpo, step_mode: mean_std (default) or mean,
 # Dr.GRPO's / the original's norm_adv_by_std_in_grpo=False; RANK: a LoRA policy of that rank
-# on the merged start, default 0: full fine-tuning), in order, each resumed where a cut-off
-# session left it (README.md here):
+# on the merged start, default 0: full fine-tuning; SHAPE: groups x group size, default 4x8),
+# in order, each resumed where a cut-off session left it (README.md here):
 #   nohup bash results/cpu/pilots/run_solverstart.sh grpo:0 gigpo:0 grpo:0:1e-5 > logs/solverstart.log 2>&1 &
 # STEPS (default 20): the runs' length, in their names too. For gpu_sft.sh: START (the SFT
 # workdir), RUNS_DIR (where the runs go; default here), DEADLINE (seconds into this script
@@ -16,11 +17,20 @@ start=${START:-$here/sokoban_sft_gpu_solver100/seed_0}
 root=${RUNS_DIR:-$here}
 steps=${STEPS:-20}
 for run in "$@"; do
-    IFS=: read -r estimator seed lr mode rank <<< "$run"
+    IFS=: read -r estimator seed lr mode rank shape <<< "$run"
     lr=${lr:-2e-5}
     mode=${mode:-mean_std}
     rank=${rank:-0}
-    name=sokoban_${estimator}_s_solverstart_${lr}_4x8_keep0.5_$steps
+    shape=${shape:-4x8}
+    groups=${shape%x*}
+    size=${shape#*x}
+    keep=0.5
+    label=${estimator}_s
+    if [ "$estimator" = vanilla ]; then
+        keep=1.0
+        label=vanilla
+    fi
+    name=sokoban_${label}_solverstart_${lr}_${shape}_keep${keep}_$steps
     options=()
     if [ "$mode" != mean_std ]; then
         name=${name}_$mode
@@ -31,9 +41,11 @@ for run in "$@"; do
         name=${name}_lora$rank
         options+=(--config.lora.rank="$rank")
     fi
+    # PPO's critic at 10x the actor's rate, the original's ratio (1e-5 against 1e-6)
+    [ "$estimator" = ppo ] && options+=(--config.optim.critic_lr="$(python3 -c "print($lr * 10)")")
     w=$root/$name/seed_$seed
     suffix=",$estimator"
-    [ "$estimator" = grpo ] && suffix=""  # the default estimator, as the first runs had it
+    [ "$estimator" = grpo ] && suffix=""  # the default method, as the first runs had it
     resume=()
     [ -f "$w/config.json" ] && resume=(--resume)
     limit=()
@@ -42,9 +54,9 @@ for run in "$@"; do
         [ "$left" -gt 60 ] || { echo "=== no time left for $run"; break; }
         limit=(timeout -s TERM -k 60 "$left")
     fi
-    echo "=== $estimator seed $seed lr $lr mode $mode lora rank $rank -> $w $(date +%T)"
+    echo "=== $estimator seed $seed lr $lr mode $mode lora rank $rank shape $shape -> $w $(date +%T)"
     "${limit[@]}" ${PY:-python} experiments/run.py \
-        --config "$here/sokoban_shape.py:$lr,4,8,0.5,$steps$suffix" \
+        --config "$here/sokoban_shape.py:$lr,$groups,$size,$keep,$steps$suffix" \
         --config.model.init_from="$start" --config.seed="$seed" --workdir "$w" \
         "${resume[@]}" "${options[@]}" \
         ${EXTRA:-} || exit 1

@@ -1,7 +1,9 @@
 """Shape pilots of the CPU suite's Sokoban StarPO-S GRPO setting (README.md here): the suite's
 setting (starpo_jax.analysis.suite.grid_base("sokoban", "grpo")) from the suite's SFT start with
 the learning rate, rollout shape, keep ratio, steps and (optionally) the advantage estimator
-given after the colon as "lr,groups,group_size,keep_ratio,steps[,estimator]"; held-out
+given after the colon as "lr,groups,group_size,keep_ratio,steps[,method]" (method: an
+advantage estimator of GRPO's, e.g. gigpo; `ppo`, the suite's StarPO-S PPO with its critic; or
+`vanilla`, vanilla StarPO's GRPO: KL 0.001, clip 0.2, no filter, so keep_ratio must be 1.0); held-out
 evaluations every 10 steps on the SFT start's 64 states (eval.seed 0):
 
     python experiments/run.py --config results/cpu/pilots/sokoban_shape.py:2e-5,4,8,0.5,20 \
@@ -15,13 +17,20 @@ SFT_START = Path(__file__).resolve().parents[1] / "runs" / "sokoban_sft" / "seed
 
 
 def get_config(arg="2e-5,4,8,0.5,20"):
-    lr, groups, group_size, keep, steps, *estimator = arg.split(",")
-    c = grid_base("sokoban", "grpo")()
-    if estimator:
-        c.advantage.estimator = estimator[0]
+    lr, groups, group_size, keep, steps, *method = arg.split(",")
+    method = method[0] if method else "grpo"
+    c = grid_base("sokoban", "ppo" if method == "ppo" else "grpo")()
+    if method == "vanilla":
+        c.vanilla = True
+    elif method not in ("grpo", "ppo"):
+        c.advantage.estimator = method
     c.optim.actor_lr = float(lr)
     c.rollout.update(groups=int(groups), group_size=int(group_size))
-    c.filter.keep_ratio = float(keep)
+    if not c.vanilla:
+        c.filter.keep_ratio = float(keep)
+    elif float(keep) != 1.0:
+        raise ValueError(f"keep_ratio {keep} with method vanilla: vanilla StarPO has no filter; "
+                         "valid: 1.0")
     c.steps = int(steps)
     c.eval_every = c.sample_every = 10
     c.model.init_from = str(SFT_START)
