@@ -6,7 +6,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     --target /tmp/site .gpu/whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export STARPO_JAX_CACHE=/tmp/starpo_cache XLA_PYTHON_CLIENT_PREALLOCATE=false
-mkdir -p "$STARPO_JAX_CACHE"
+# JAX's persistent compilation cache: a second run of the same program (another seed, a resumed
+# run) skips the ~3 minutes a SmolLM2 train step takes to compile there
+export JAX_COMPILATION_CACHE_DIR=/tmp/xla_cache
+mkdir -p "$STARPO_JAX_CACHE" "$JAX_COMPILATION_CACHE_DIR"
 
 join_gguf() {  # .gpu/a may come in an earlier call that copied it to /tmp/gpu_parts
     local gguf=$STARPO_JAX_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf part_a=.gpu/a

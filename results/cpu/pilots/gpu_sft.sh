@@ -19,7 +19,11 @@ DEADLINE=${DEADLINE:-560}  # RL runs until this many seconds into the script
 RUNS=${RUNS:-grpo:0}  # run_solverstart.sh's items: ESTIMATOR:SEED[:LR[:MODE[:RANK]]]
 # STEPS (run_solverstart.sh's run length) passes through; RL_EXTRA: more run.py arguments;
 # PARALLEL=1 runs the RUNS items side by side (one process each, sharing the GPU) instead of in
-# order: one step of 4 x 8 leaves the H100 mostly idle (~1 s, latency-bound decoding)
+# order: one step of 4 x 8 leaves the H100 mostly idle (~1 s, latency-bound decoding). Measured
+# once, 8 items at once: none finished compiling within 540 s (load average 68 on the machine's
+# 16 cores; one alone compiles in ~170 s), so start at most 2-3 of distinct programs, or let the
+# first of each program fill the compilation cache (gpu_env.sh) before its other seeds start.
+# The call's own time limit must cover DEADLINE + 70 s: a stopped run has 60 s to save.
 mkdir -p "$out" "$w"
 if [ -z "${PY:-}" ]; then
     source experiments/bench/gpu_env.sh
