@@ -4,6 +4,8 @@
 # (RUNS, run_solverstart.sh's items, until DEADLINE; ~1 s a step and a ~3 min compile there).
 #
 #   bash results/cpu/pilots/gpu_sft.sh            # .gpu/ as experiments/bench/gpu_check.sh says
+#   STEPS=200 RUNS="grpo:1:5e-5:mean_std:32" DEADLINE=560 bash results/cpu/pilots/gpu_sft.sh 2>&1 \
+#       | grep --line-buffered -v WARN | tee $OUT/log.txt   # line-buffered: a cut call keeps it
 #
 # Writes to $OUT: pack/adapters_<k>.npz + pack/meta.json (results/cpu/pilots/adapters.py pack:
 # the adapters and config, which `adapters.py unpack` turns back into a workdir here), sft.tgz
@@ -15,15 +17,16 @@ set -uo pipefail
 out=${OUT:-/tmp/gpu_out}
 w=${WORK:-/tmp/w}
 SFT_SECONDS=${SFT_SECONDS:-330}
-DEADLINE=${DEADLINE:-560}  # RL runs until this many seconds into the script
-RUNS=${RUNS:-grpo:0}  # run_solverstart.sh's items: ESTIMATOR:SEED[:LR[:MODE[:RANK]]]
+DEADLINE=${DEADLINE:-560}  # the script ends by this many seconds (RL stopped 70 s before)
+RUNS=${RUNS:-grpo:0}  # run_solverstart.sh's items: METHOD:SEED[:LR[:MODE[:RANK[:SHAPE]]]]
 # STEPS (run_solverstart.sh's run length) passes through; RL_EXTRA: more run.py arguments;
 # PARALLEL=1 runs the RUNS items side by side (one process each, sharing the GPU) instead of in
 # order: one step of 4 x 8 leaves the H100 mostly idle (~1 s, latency-bound decoding). Measured
 # once, 8 items at once: none finished compiling within 540 s (load average 68 on the machine's
 # 16 cores; one alone compiles in ~170 s), so start at most 2-3 of distinct programs, or let the
 # first of each program fill the compilation cache (gpu_env.sh) before its other seeds start.
-# The call's own time limit must cover DEADLINE + 70 s: a stopped run has 60 s to save.
+# A run stopped at its deadline has 60 s to save, then the workdirs are packed: the RL phase
+# ends 70 s before DEADLINE so that the call (time limit >= DEADLINE + 10 s) keeps rl.tgz.
 mkdir -p "$out" "$w"
 if [ -z "${PY:-}" ]; then
     source experiments/bench/gpu_env.sh
@@ -45,9 +48,9 @@ else
     $py results/cpu/pilots/adapters.py pack "$w/sft" "$out/pack" 2>&1 | grep -v WARN
     tar czf "$out/sft.tgz" -C "$w" --exclude=checkpoints sft sft.log
 fi
-echo "=== StarPO-S from it: ${RUNS} (run_solverstart.sh), until ${DEADLINE}s"
+echo "=== StarPO-S from it: ${RUNS} (run_solverstart.sh), until $((DEADLINE - 70))s"
 rl() {
-    START="$w/sft" RUNS_DIR="$w/rl" DEADLINE=$((DEADLINE - SECONDS)) PY=$py \
+    START="$w/sft" RUNS_DIR="$w/rl" DEADLINE=$((DEADLINE - 70 - SECONDS)) PY=$py \
         EXTRA="--config.optim.micro_batches=1 --config.optim.remat=true ${RL_EXTRA:-}" \
         bash results/cpu/pilots/run_solverstart.sh "$@"
 }
