@@ -15,12 +15,20 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
-from helpers.toy_lake import rl_config, sft_start  # noqa: E402
+from helpers.toy_lake import rl_config, sft_start, unregister  # noqa: E402
+
+
+@pytest.fixture
+def toy_game():
+    """The toy game is registered by the helpers; other tests compare envs_jax.names() with
+    the shipped envs, so it leaves the registry afterwards."""
+    yield
+    unregister()
 
 
 @pytest.mark.slow  # minutes on a 2-core CPU: the slow tier (README)
 @pytest.mark.optimized  # its time is running, not compiling (conftest)
-def test_grpo_learns_a_two_turn_plan_from_an_sft_start(tmp_path):
+def test_grpo_learns_a_two_turn_plan_from_an_sft_start(tmp_path, toy_game):
     sft_start(tmp_path / "sft")
     exp = api.build(rl_config(tmp_path / "sft"))
     success, valid, turns = [], [], []

@@ -6,6 +6,9 @@ only its first reply (its later turns given no credit) wins at most 1 in 4.
 
     sft_start(workdir)                      # tiny-random taught the format: random moves
     config = rl_config(workdir, "grpo")     # StarPO from it on the toy game
+    unregister()                            # envs_jax.names() as it was (tests compare it)
+
+Both register the game under TOY first; importing this module registers nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 import envs_jax
+from envs_jax import registry
 from envs_jax.catalog import EnvSettings
 from envs_jax.frozen_lake.env import FrozenLake
 from envs_jax.frozen_lake.generator import RandomMapGenerator
@@ -42,9 +46,16 @@ def _toy_lake() -> FrozenLake:
     return env
 
 
-if TOY not in envs_jax.names():
-    envs_jax.register(TOY, _toy_lake, settings=EnvSettings(
-        max_turns=2, max_actions_per_turn=1, max_actions_per_traj=2))
+def register() -> None:
+    """Registers the game under TOY, once."""
+    if TOY not in envs_jax.names():
+        envs_jax.register(TOY, _toy_lake, settings=EnvSettings(
+            max_turns=2, max_actions_per_turn=1, max_actions_per_traj=2))
+
+
+def unregister() -> None:
+    """Takes TOY out of the registry again (the registry has no public removal: tests only)."""
+    registry._REGISTRY.pop(TOY, None)
 
 
 def _short(c: api.ConfigDict) -> api.ConfigDict:
@@ -58,6 +69,7 @@ def _short(c: api.ConfigDict) -> api.ConfigDict:
 
 def sft_start(workdir: str | Path) -> None:
     """The format, not the task: SFT_STEPS steps on `random` demonstrations into workdir."""
+    register()
     c = _short(sft.sft_config(TOY, "random", groups=4, group_size=4, reply_tokens=8))
     c.optim.actor_lr = 1e-2
     c.steps = c.checkpoint_every = SFT_STEPS
@@ -67,6 +79,7 @@ def sft_start(workdir: str | Path) -> None:
 def rl_config(start: str | Path, algo: str = "grpo", seed: int = 0) -> api.ConfigDict:
     """GRPO (or `algo`) on the toy game from the SFT workdir `start`: 8 x 4 rollouts, no
     filter, the group mean as baseline (the win, not its rarity, sets the advantage's size)."""
+    register()
     c = _short(api.config_for(TOY, algo, groups=8, group_size=4, reply_tokens=8))
     c.seed = seed
     c.model.init_from = str(start)
