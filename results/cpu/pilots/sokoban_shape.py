@@ -1,10 +1,10 @@
 """Shape pilots of the CPU suite's Sokoban StarPO-S GRPO setting (README.md here): the suite's
 setting (starpo_jax.analysis.suite.grid_base("sokoban", "grpo")) from the suite's SFT start with
-the learning rate, rollout shape, keep ratio, steps and (optionally) the advantage estimator
-given after the colon as "lr,groups,group_size,keep_ratio,steps[,method]" (method: an
-advantage estimator of GRPO's, e.g. gigpo; `ppo`, the suite's StarPO-S PPO with its critic; or
-`vanilla`, vanilla StarPO's GRPO: KL 0.001, clip 0.2, no filter, so keep_ratio must be 1.0); held-out
-evaluations every 10 steps on the SFT start's 64 states (eval.seed 0):
+the learning rate, rollout shape, keep ratio, steps and (optionally) the method given after the
+colon as "lr,groups,group_size,keep_ratio,steps[,method]" (method: an advantage estimator of
+GRPO's, e.g. gigpo; `ppo`, the suite's StarPO-S PPO with its critic; or `vanilla`, vanilla
+StarPO's GRPO: KL 0.001, clip 0.2, no filter, so keep_ratio must be 1.0); held-out evaluations
+every 10 steps on the SFT start's 64 states (eval.seed 0):
 
     python experiments/run.py --config results/cpu/pilots/sokoban_shape.py:2e-5,4,8,0.5,20 \
         --workdir results/cpu/pilots/sokoban_grpo_s_2e-5_4x8_keep0.5_20/seed_0
