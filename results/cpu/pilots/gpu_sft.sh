@@ -20,11 +20,13 @@ SFT_SECONDS=${SFT_SECONDS:-330}
 DEADLINE=${DEADLINE:-560}  # the script ends by this many seconds (RL stopped 70 s before)
 RUNS=${RUNS:-grpo:0}  # run_solverstart.sh's items: METHOD:SEED[:LR[:MODE[:RANK[:SHAPE]]]]
 # STEPS (run_solverstart.sh's run length) passes through; RL_EXTRA: more run.py arguments;
-# PARALLEL=1 runs the RUNS items side by side (one process each, sharing the GPU) instead of in
-# order: one step of 4 x 8 leaves the H100 mostly idle (~1 s, latency-bound decoding). Measured
-# once, 8 items at once: none finished compiling within 540 s (load average 68 on the machine's
-# 16 cores; one alone compiles in ~170 s), so start at most 2-3 of distinct programs, or let the
-# first of each program fill the compilation cache (gpu_env.sh) before its other seeds start.
+# PARALLEL=1 runs the space-separated RUNS lanes side by side (one process at a time per lane,
+# sharing the GPU) instead of in order; a lane is items joined by commas, run in order, so its
+# later items (other seeds of the same program) find their compile in the cache (gpu_env.sh):
+#   PARALLEL=1 RUNS="grpo:1:5e-5:mean_std:32,grpo:2:5e-5:mean_std:32 gigpo:0:5e-5:mean_std:32"
+# One step of 4 x 8 leaves the H100 mostly idle (~1 s, latency-bound decoding). Measured once,
+# 8 lanes at once: none finished compiling within 540 s (load average 68 on the machine's 16
+# cores; one alone compiles in ~170 s), so run at most 2-3 lanes.
 # A run stopped at its deadline has 60 s to save, then the workdirs are packed: the RL phase
 # ends 70 s before DEADLINE so that the call (time limit >= DEADLINE + 10 s) keeps rl.tgz.
 mkdir -p "$out" "$w"
@@ -55,8 +57,9 @@ rl() {
         bash results/cpu/pilots/run_solverstart.sh "$@"
 }
 if [ "${PARALLEL:-0}" = 1 ]; then
-    for item in $RUNS; do
-        rl "$item" > "$w/rl_${item//:/_}.log" 2>&1 &
+    for lane in $RUNS; do
+        # shellcheck disable=SC2086  # the lane's items, split on the commas
+        rl ${lane//,/ } > "$w/rl_${lane//[:,]/_}.log" 2>&1 &
     done
     wait
     cat "$w"/rl_*.log > "$w/rl.log"
