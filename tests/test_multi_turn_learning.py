@@ -14,16 +14,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from envs_jax import registry  # noqa: E402
 from starpo_jax import api  # noqa: E402
-from helpers.toy_lake import rl_config, sft_start, unregister  # noqa: E402
+from helpers.toy_lake import rl_config, sft_start  # noqa: E402
 
 
 @pytest.fixture
-def toy_game():
-    """The toy game is registered by the helpers; other tests compare envs_jax.names() with
-    the shipped envs, so it leaves the registry afterwards."""
-    yield
-    unregister()
+def toy_game(monkeypatch):
+    """The helpers register the toy game into a copy of the registry that this test's end
+    drops (as test_first_hour does for host envs): other tests compare envs_jax.names() with
+    the shipped envs."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
 
 
 @pytest.mark.slow  # minutes on a 2-core CPU: the slow tier (README)

@@ -6,9 +6,9 @@ only its first reply (its later turns given no credit) wins at most 1 in 4.
 
     sft_start(workdir)                      # tiny-random taught the format: random moves
     config = rl_config(workdir, "grpo")     # StarPO from it on the toy game
-    unregister()                            # envs_jax.names() as it was (tests compare it)
 
-Both register the game under TOY first; importing this module registers nothing.
+Both register the game under TOY first; importing this module registers nothing (a test that
+calls them keeps the registry its own: monkeypatch a copy of envs_jax.registry._REGISTRY).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 import jax.numpy as jnp
 
 import envs_jax
-from envs_jax import registry
 from envs_jax.catalog import EnvSettings
 from envs_jax.frozen_lake.env import FrozenLake
 from envs_jax.frozen_lake.generator import RandomMapGenerator
@@ -51,11 +50,6 @@ def register() -> None:
     if TOY not in envs_jax.names():
         envs_jax.register(TOY, _toy_lake, settings=EnvSettings(
             max_turns=2, max_actions_per_turn=1, max_actions_per_traj=2))
-
-
-def unregister() -> None:
-    """Takes TOY out of the registry again (the registry has no public removal: tests only)."""
-    registry._REGISTRY.pop(TOY, None)
 
 
 def _short(c: api.ConfigDict) -> api.ConfigDict:

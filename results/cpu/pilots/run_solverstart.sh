@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # StarPO-S from the GPU-trained solver SFT start (sokoban_sft_gpu_solver100): runs given as
-# METHOD:SEED[:LR[:MODE[:RANK[:SHAPE]]]] (METHOD grpo, gigpo, ppo (StarPO-S PPO with its
-# critic) or vanilla (vanilla StarPO's GRPO, no filter); lr default 2e-5; MODE the group
+# METHOD:SEED[:LR[:MODE[:RANK[:SHAPE]]]] (METHOD: sokoban_shape.py's, grpo, gigpo, ppo (StarPO-S
+# PPO with its critic) or vanilla (vanilla StarPO's GRPO, no filter); lr default 2e-5; MODE the group
 # normalisation, advantage.grpo_mode and, for gigpo, step_mode: mean_std (default) or mean,
 # Dr.GRPO's / the original's norm_adv_by_std_in_grpo=False; RANK: a LoRA policy of that rank
 # on the merged start, default 0: full fine-tuning; SHAPE: groups x group size, default 4x8),
@@ -41,8 +41,6 @@ for run in "$@"; do
         name=${name}_lora$rank
         options+=(--config.lora.rank="$rank")
     fi
-    # PPO's critic at 10x the actor's rate, the original's ratio (1e-5 against 1e-6)
-    [ "$estimator" = ppo ] && options+=(--config.optim.critic_lr="$(python3 -c "print($lr * 10)")")
     w=$root/$name/seed_$seed
     suffix=",$estimator"
     [ "$estimator" = grpo ] && suffix=""  # the default method, as the first runs had it
