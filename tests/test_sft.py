@@ -447,3 +447,22 @@ def test_sft_command_writes_a_workdir_and_resumes(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     step, metrics = runner.evaluate_workdir(work, None, {"eval.episodes": 2})
     assert step == 3 and "val/frozen_lake/greedy/action_is_valid" in metrics
+
+
+def test_an_sft_workdir_older_than_an_sft_key_resumes_while_the_key_keeps_its_default(tmp_path):
+    """A config.json written before sft.solver_share existed (the CPU suite's SFT start) lacks
+    it: an SFT run is checked against the SFT defaults, so the key at its default passes and
+    another value is named; a StarPO run's defaults have no `sft` section."""
+    from starpo_jax.run.workdir import RunFault, check_config
+
+    config = sft.sft_config("sokoban").to_dict()
+    saved = json.loads(json.dumps(config))
+    del saved["sft"]["solver_share"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(saved))
+    check_config(path, config, True, (), has_checkpoints=True, defaults=sft.defaults_for(config))
+    config["sft"]["solver_share"] = 0.9
+    with pytest.raises(RunFault, match=r"sft.solver_share: '\(absent\)' there, 0.9 here"):
+        check_config(path, config, True, (), has_checkpoints=True,
+                     defaults=sft.defaults_for(config))
+    assert "sft" not in sft.defaults_for(api.default_config())

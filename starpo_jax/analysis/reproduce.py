@@ -68,7 +68,6 @@ from starpo_jax.run import experiment, loop as runner
 from starpo_jax.run import sft as sft_lib
 from starpo_jax.analysis import sweep as sweep_lib
 from starpo_jax.run.writers import METRICS_FILE, format_duration
-from starpo_jax.run.schema import default_config
 from starpo_jax.analysis.suite import (SFT_SEED, Setting, Suite, estimate_seconds, final_pairs,
                                        plan_text)
 from starpo_jax.run.workdir import check_config, write_atomically
@@ -199,7 +198,7 @@ def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
                 # A finished run made with another config is refused, not reused.
                 check_config(path / "config.json", config.to_dict(), True,
                              runner.RESUMABLE_CHANGES, has_checkpoints=True,
-                             defaults=default_config().to_dict())
+                             defaults=sft_lib.defaults_for(config))
                 say(f"{tag}: finished earlier, skipped")
                 continue
             say(f"{tag}: {'resuming' if (path / 'checkpoints').exists() else 'starting'} "

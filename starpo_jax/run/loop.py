@@ -59,7 +59,7 @@ from starpo_jax.run.distributed import any_process, min_over_processes
 from starpo_jax.run.evaluation import Evaluator, summary_table
 from starpo_jax.run.writers import WandbWriter, Writers, human_duration, open_writers, process_age
 from starpo_jax.run.monitor import RunMonitor
-from starpo_jax.run.schema import AUTO_MEMORY, RUN_CONFIG_FILE, default_config, evaluated_config
+from starpo_jax.run.schema import AUTO_MEMORY, RUN_CONFIG_FILE, evaluated_config
 from starpo_jax.train.step import SKIPPED_UPDATES
 from starpo_jax.run.workdir import (RunFault, WorkdirLock, check_config, check_free_space,
                                     check_resumable, write_atomically)
@@ -186,7 +186,7 @@ def _train(exp: experiment.Experiment, workdir: Path, resume: bool, stop: thread
     checkpoints = Checkpoints(workdir / "checkpoints", c.checkpoint_every, c.keep_checkpoints)
     check_config(config_path, c.to_dict(), resume, RESUMABLE_CHANGES,
                  has_checkpoints=checkpoints.latest_step is not None,
-                 defaults=default_config().to_dict())
+                 defaults=sft_lib.defaults_for(c))
     if checkpoints.latest_step is not None and not resume:
         raise FileExistsError(f"{workdir} already holds checkpoints (newest: step "
                               f"{checkpoints.latest_step}); pass --resume or another --workdir")

@@ -73,6 +73,14 @@ def sft_default_config() -> ConfigDict:
     return c
 
 
+def defaults_for(config: ConfigDict | dict) -> dict:
+    """The defaults a workdir's config.json is checked against on resume (workdir.check_config):
+    sft_default_config()'s for an SFT run (a config with an `sft` section), else
+    experiment.default_config()'s, as a nested dict. So a run written before a key of its own
+    section existed resumes when that key keeps its default."""
+    return (sft_default_config() if "sft" in config else experiment.default_config()).to_dict()
+
+
 def sft_config(env: str, policy: str = "random", **rollout: Any) -> ConfigDict:
     """sft_default_config() for `env`, demonstrations by `policy`, rollout keys updated."""
     c = sft_default_config()
