@@ -20,6 +20,7 @@ SFT_SECONDS=${SFT_SECONDS:-330}
 DEADLINE=${DEADLINE:-560}  # the script ends by this many seconds (RL stopped 70 s before)
 RUNS=${RUNS:-grpo:0}  # run_solverstart.sh's items: METHOD:SEED[:LR[:MODE[:RANK[:SHAPE]]]]
 # STEPS (run_solverstart.sh's run length) passes through; RL_EXTRA: more run.py arguments;
+# SFT_EXTRA: more sft.py arguments (e.g. "--config.steps=25": a weaker start, with headroom);
 # PARALLEL=1 runs the space-separated RUNS lanes side by side (one process at a time per lane,
 # sharing the GPU) instead of in order; a lane is items joined by commas, run in order, so its
 # later items (other seeds of the same program) find their compile in the cache (gpu_env.sh):
@@ -44,8 +45,9 @@ if [ -f "$pack/meta.json" ]; then
     $py results/cpu/pilots/adapters.py unpack "$pack" "$w/sft" 2>&1 | grep -v WARN
 else
     echo "=== SFT: sokoban_sft_solver.py (solver demonstrations into LoRA), ${SFT_SECONDS}s at most"
+    # shellcheck disable=SC2086  # SFT_EXTRA: arguments, split on spaces
     timeout -k 60 -s TERM "$SFT_SECONDS" $py experiments/sft.py --config sokoban_sft_solver.py \
-        --workdir "$w/sft" > "$w/sft.log" 2>&1
+        --workdir "$w/sft" ${SFT_EXTRA:-} > "$w/sft.log" 2>&1
     grep -v WARN "$w/sft.log" | grep -v "^step" | tail -12; date +%T
     $py results/cpu/pilots/adapters.py pack "$w/sft" "$out/pack" 2>&1 | grep -v WARN
     tar czf "$out/sft.tgz" -C "$w" --exclude=checkpoints sft sft.log
