@@ -348,3 +348,21 @@ def test_the_report_names_the_commit_and_ignores_the_suites_own_results(tmp_path
     assert reproduce._commit() == clean
     (tmp_path / "code.py").write_text("x = 2\n")  # the code that ran was not the commit's
     assert reproduce._commit() == f"{clean} (with uncommitted changes)"
+
+
+def test_heldout_steps_table_over_the_evaluated_steps():
+    """Per setting, held-out success at each evaluated step, mean ± std over the seeds that
+    evaluated it ('-' where none did); the section of a table4 experiment includes it."""
+    exp = _table4_experiment()
+    runs = exp.runs["sokoban_ppo"]
+    other = {0: [dict(r) for r in runs[0]]}
+    other[0].append(_eval_row(4, "sokoban", 0.75, 1.0))
+    exp = dataclasses.replace(exp, runs={"sokoban_ppo": runs, "gigpo": other})
+    head, rule, ppo, gigpo = report.heldout_steps_table(exp, "sokoban").splitlines()
+    assert head == "| sokoban greedy success at step | 0 | 2 | 4 |"
+    assert rule == "|---|---|---|---|"
+    assert ppo == "| sokoban_ppo | 0.20 ± 0.10 | 0.60 ± 0.10 | - |"
+    assert gigpo == "| gigpo | 0.10 ± 0.00 | 0.50 ± 0.00 | 0.75 ± 0.00 |"
+    assert report.heldout_steps_table(exp, "frozen_lake") == \
+        "(no frozen_lake greedy evaluations logged)\n"
+    assert "| sokoban greedy success at step | 0 | 2 | 4 |" in report.experiment_markdown(exp, [])
