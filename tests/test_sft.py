@@ -449,20 +449,25 @@ def test_sft_command_writes_a_workdir_and_resumes(tmp_path):
     assert step == 3 and "val/frozen_lake/greedy/action_is_valid" in metrics
 
 
-def test_an_sft_workdir_older_than_an_sft_key_resumes_while_the_key_keeps_its_default(tmp_path):
-    """A config.json written before sft.solver_share existed (the CPU suite's SFT start) lacks
-    it: an SFT run is checked against the SFT defaults, so the key at its default passes and
-    another value is named; a StarPO run's defaults have no `sft` section."""
+def test_an_sft_workdir_resumes_across_config_forms_and_new_sft_keys(tmp_path):
+    """An SFT workdir's config.json written before sft.solver_share existed (the CPU suite's
+    SFT start) lacks it: checked against the SFT defaults, the key at its default passes and
+    another value is named. The keys split_config forces (one update on every row) may differ
+    (a config.json holds the given or the effective form); a StarPO run's rules are neither."""
+    from starpo_jax.run.loop import RESUMABLE_CHANGES
     from starpo_jax.run.workdir import RunFault, check_config
 
     config = sft.sft_config("sokoban").to_dict()
     saved = json.loads(json.dumps(config))
     del saved["sft"]["solver_share"]
+    saved["optim"]["minibatch_rows"] = 3
+    saved["filter"]["keep_ratio"] = 0.25
     path = tmp_path / "config.json"
     path.write_text(json.dumps(saved))
-    check_config(path, config, True, (), has_checkpoints=True, defaults=sft.defaults_for(config))
+    rules = sft.resume_rules(config, RESUMABLE_CHANGES)
+    check_config(path, config, True, has_checkpoints=True, **rules)
     config["sft"]["solver_share"] = 0.9
     with pytest.raises(RunFault, match=r"sft.solver_share: '\(absent\)' there, 0.9 here"):
-        check_config(path, config, True, (), has_checkpoints=True,
-                     defaults=sft.defaults_for(config))
-    assert "sft" not in sft.defaults_for(api.default_config())
+        check_config(path, config, True, has_checkpoints=True, **rules)
+    starpo = sft.resume_rules(api.default_config(), RESUMABLE_CHANGES)
+    assert "sft" not in starpo["defaults"] and starpo["resumable"] == RESUMABLE_CHANGES

@@ -110,17 +110,25 @@ def _without_sft(config: ConfigDict) -> ConfigDict:
     return sft_lib.split_config(config)[0] if "sft" in config else config
 
 
-def final_evaluation(exp: experiment.Experiment, setting: Setting) -> dict[str, float]:
+def final_evaluation(exp: experiment.Experiment, setting: Setting,
+                     say: Callable[[str], None] = lambda line: None) -> dict[str, float]:
     """The setting's final evaluation of exp's current policy: the (env, mode) pairs of
-    final_eval its own evaluations do not cover, on the same held-out states."""
+    final_eval its own evaluations do not cover, on the same held-out states. Says each
+    pair's success and time as it ends (a pair of 64 five-turn rollouts takes minutes)."""
     config = _without_sft(exp.config)
     metrics = {}
     pairs = final_pairs(setting, config)
     for mode in dict.fromkeys(mode for _, mode in pairs):
+        envs = tuple(env for env, m in pairs if m == mode)
         c = setting.final_config(config)
-        c.eval.update(envs=",".join(env for env, m in pairs if m == mode), modes=mode)
+        c.eval.update(envs=",".join(envs), modes=mode)
         evaluator = experiment.build_evaluator(dataclasses.replace(exp, config=c))
-        metrics.update(evaluator.evaluate(exp.state.actor).metrics)
+        for env in envs:
+            start = time.perf_counter()
+            metrics.update(found := evaluator.evaluate(exp.state.actor, envs=(env,)).metrics)
+            success = found.get(f"val/{env}/{mode}/success", float("nan"))
+            say(f"  final evaluation {env}/{mode}: success={success:.3g} "
+                f"({format_duration(time.perf_counter() - start)})")
     return metrics
 
 
@@ -134,6 +142,13 @@ def baselines(exp: experiment.Experiment, setting: Setting) -> dict[str, dict[st
 
 def _finished(path: Path) -> dict | None:
     return json.loads((path / DONE).read_text()) if (path / DONE).exists() else None
+
+
+def _headline(metrics: dict[str, float], ends: tuple[str, ...]) -> str:
+    """The metrics named with one of `ends`, but not the failure classes (failure/success
+    repeats success)."""
+    return ", ".join(f"{k}={v:.3g}" for k, v in metrics.items()
+                     if k.endswith(ends) and "/failure/" not in k)
 
 
 def _train_one(exp: experiment.Experiment, path: Path, setting: Setting, stop: threading.Event,
@@ -155,8 +170,7 @@ def _train_one(exp: experiment.Experiment, path: Path, setting: Setting, stop: t
         else:
             metrics = experiment.build_evaluator(exp).evaluate(exp.state.actor).metrics
         write_atomically(path / BEFORE, json.dumps(metrics, indent=1) + "\n")
-        say("  before training: " + ", ".join(f"{k}={v:.3g}" for k, v in metrics.items()
-                                               if k.endswith(("/success", "/action_is_valid"))))
+        say("  before training: " + _headline(metrics, ("/success", "/action_is_valid")))
     resume = (path / "checkpoints").exists() and any((path / "checkpoints").iterdir())
     done = runner.train(exp, path, resume=resume, stop=stop)
     seconds = earlier + time.perf_counter() - start
@@ -164,10 +178,9 @@ def _train_one(exp: experiment.Experiment, path: Path, setting: Setting, stop: t
         write_atomically(partial, json.dumps(seconds))
         return False
     if setting.final_eval and not (path / FINAL).exists():
-        metrics = final_evaluation(exp, setting)
+        metrics = final_evaluation(exp, setting, say)
         write_atomically(path / FINAL, json.dumps(metrics, indent=1) + "\n")
-        say("  final evaluation: " + ", ".join(f"{k}={v:.3g}" for k, v in metrics.items()
-                                                if k.endswith("/success")))
+        say("  final evaluation: " + _headline(metrics, ("/success",)))
         seconds = earlier + time.perf_counter() - start
     write_atomically(path / DONE, json.dumps({"steps": done, "seconds": seconds}) + "\n")
     # An SFT run's newest checkpoint is the start of the runs after it: kept.
@@ -197,8 +210,8 @@ def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
             if _finished(path):
                 # A finished run made with another config is refused, not reused.
                 check_config(path / "config.json", config.to_dict(), True,
-                             runner.RESUMABLE_CHANGES, has_checkpoints=True,
-                             defaults=sft_lib.defaults_for(config))
+                             has_checkpoints=True,
+                             **sft_lib.resume_rules(config, runner.RESUMABLE_CHANGES))
                 say(f"{tag}: finished earlier, skipped")
                 continue
             say(f"{tag}: {'resuming' if (path / 'checkpoints').exists() else 'starting'} "

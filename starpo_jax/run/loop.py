@@ -184,9 +184,9 @@ def _train(exp: experiment.Experiment, workdir: Path, resume: bool, stop: thread
     # Told what the loop does, for the stop message (a plain Event or None: nobody reads it).
     watch = stop if isinstance(stop, StopRequests) else StopRequests()
     checkpoints = Checkpoints(workdir / "checkpoints", c.checkpoint_every, c.keep_checkpoints)
-    check_config(config_path, c.to_dict(), resume, RESUMABLE_CHANGES,
+    check_config(config_path, c.to_dict(), resume,
                  has_checkpoints=checkpoints.latest_step is not None,
-                 defaults=sft_lib.defaults_for(c))
+                 **sft_lib.resume_rules(c, RESUMABLE_CHANGES))
     if checkpoints.latest_step is not None and not resume:
         raise FileExistsError(f"{workdir} already holds checkpoints (newest: step "
                               f"{checkpoints.latest_step}); pass --resume or another --workdir")

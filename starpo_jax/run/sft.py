@@ -73,12 +73,20 @@ def sft_default_config() -> ConfigDict:
     return c
 
 
-def defaults_for(config: ConfigDict | dict) -> dict:
-    """The defaults a workdir's config.json is checked against on resume (workdir.check_config):
-    sft_default_config()'s for an SFT run (a config with an `sft` section), else
-    experiment.default_config()'s, as a nested dict. So a run written before a key of its own
-    section existed resumes when that key keeps its default."""
-    return (sft_default_config() if "sft" in config else experiment.default_config()).to_dict()
+#: Keys split_config sets itself whatever the config says (one update on every row): two
+#: configs that differ only there train alike, and a workdir's config.json may hold either form
+#: (the given one, before 99ceac1, or the effective one).
+FORCED_KEYS = ("filter.strategy", "filter.keep_ratio", "optim.minibatch_rows")
+
+
+def resume_rules(config: ConfigDict | dict, resumable: tuple[str, ...]) -> dict[str, Any]:
+    """workdir.check_config's `resumable` and `defaults` for a run of `config`: an SFT run (a
+    config with an `sft` section) may also differ in FORCED_KEYS and is checked against
+    sft_default_config() (a workdir written before a key of its section existed resumes while
+    the key keeps its default); a StarPO run against experiment.default_config()."""
+    if "sft" not in config:
+        return {"resumable": resumable, "defaults": experiment.default_config().to_dict()}
+    return {"resumable": resumable + FORCED_KEYS, "defaults": sft_default_config().to_dict()}
 
 
 def sft_config(env: str, policy: str = "random", **rollout: Any) -> ConfigDict:
