@@ -352,7 +352,8 @@ def test_the_report_names_the_commit_and_ignores_the_suites_own_results(tmp_path
 
 def test_heldout_steps_table_over_the_evaluated_steps():
     """Per setting, held-out success at each evaluated step, mean ± std over the seeds that
-    evaluated it ('-' where none did); the section of a table4 experiment includes it."""
+    evaluated it and each seed's value ('-' where none did); the section of a table4
+    experiment includes it."""
     exp = _table4_experiment()
     runs = exp.runs["sokoban_ppo"]
     other = {0: [dict(r) for r in runs[0]]}
@@ -361,7 +362,7 @@ def test_heldout_steps_table_over_the_evaluated_steps():
     head, rule, ppo, gigpo = report.heldout_steps_table(exp, "sokoban").splitlines()
     assert head == "| sokoban greedy success at step | 0 | 2 | 4 |"
     assert rule == "|---|---|---|---|"
-    assert ppo == "| sokoban_ppo | 0.20 ± 0.10 | 0.60 ± 0.10 | - |"
+    assert ppo == ("| sokoban_ppo | 0.20 ± 0.10 (0.10, 0.30) | 0.60 ± 0.10 (0.50, 0.70) | - |")
     assert gigpo == "| gigpo | 0.10 ± 0.00 | 0.50 ± 0.00 | 0.75 ± 0.00 |"
     assert report.heldout_steps_table(exp, "frozen_lake") == \
         "(no frozen_lake greedy evaluations logged)\n"

@@ -231,8 +231,9 @@ def table4(exp: ExperimentResult, mode: str = "greedy") -> str:
 
 def heldout_steps_table(exp: ExperimentResult, env: str, mode: str = "greedy") -> str:
     """Markdown: held-out success on `env` (`mode`) at every evaluated step (step 0: before
-    training), a row per setting, mean ± std over the seeds that evaluated that step ('-'
-    where none did): when each setting reaches a level, not only where it ends."""
+    training), a row per setting, mean ± std over the seeds that evaluated that step, then
+    each seed's value in seed order ('-' where none did): when each setting reaches a level,
+    not only where it ends, and whether every seed does."""
     name = f"val/{env}/{mode}/success"
     per_setting = {s: [evaluations(rows) for rows in runs.values()] for s, runs in exp.runs.items()}
     steps = sorted({step for evals in per_setting.values() for e in evals for step in e
@@ -242,9 +243,11 @@ def heldout_steps_table(exp: ExperimentResult, env: str, mode: str = "greedy") -
     lines = [f"| {env} {mode} success at step | " + " | ".join(map(str, steps)) + " |",
              "|---|" + "---|" * len(steps)]
     for setting, evals in per_setting.items():
-        cells = [fmt(mean_std(found), 2) if (found := [e[t][name] for e in evals
-                                                       if name in e.get(t, {})]) else "-"
-                 for t in steps]
+        cells = []
+        for t in steps:
+            found = [e[t][name] for e in evals if name in e.get(t, {})]
+            seeds = f" ({', '.join(f'{v:.2f}' for v in found)})" if len(found) > 1 else ""
+            cells.append(fmt(mean_std(found), 2) + seeds if found else "-")
         lines.append(f"| {exp.label(setting)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -396,7 +399,8 @@ def experiment_markdown(exp: ExperimentResult, figure_names: Sequence[str]) -> s
         parts += [table4(exp, mode) for mode in modes]
         trained = [env for env, mode in eval_envs_modes(exp) if mode == "greedy"][:1]
         if trained:  # the first env evaluated: the training env
-            parts.append("Held-out greedy success over training (mean ± std over seeds):\n")
+            parts.append("Held-out greedy success over training (mean ± std over seeds, each "
+                         "seed in brackets):\n")
             parts.append(heldout_steps_table(exp, trained[0]))
     parts += [f"![{name}](figures/{name})" for name in figure_names]
     return "\n".join(parts) + "\n"
