@@ -125,7 +125,8 @@ def final_evaluation(exp: experiment.Experiment, setting: Setting,
         evaluator = experiment.build_evaluator(dataclasses.replace(exp, config=c))
         for env in envs:
             start = time.perf_counter()
-            metrics.update(found := evaluator.evaluate(exp.state.actor, envs=(env,)).metrics)
+            found = evaluator.evaluate(exp.state.actor, envs=(env,)).metrics
+            metrics.update(found)
             success = found.get(f"val/{env}/{mode}/success", float("nan"))
             say(f"  final evaluation {env}/{mode}: success={success:.3g} "
                 f"({format_duration(time.perf_counter() - start)})")
