@@ -249,6 +249,26 @@ def test_plan_estimates_the_cpu_suites_multi_turn_part_within_ten_hours():
             if not s.name.startswith("bandit")} == {0}
 
 
+def test_plan_of_a_resumed_suite_counts_finished_runs_and_what_is_left():
+    """Finished runs are counted per setting and the estimate of the unfinished ones is shown
+    beside the total (a setting with every seed done adds nothing to it)."""
+    suite = suites.cpu_suite()
+    done = {("sokoban_sft", 0), ("sokoban_grpo_s", 0), ("sokoban_grpo_s", 2)}
+    text = suites.plan_text(suite, "cpu", lambda s, seed: (s, seed) in done)
+    estimate = {s.name: (s, seeds) for s, seeds in suite.settings()}
+    grpo, seeds = estimate["sokoban_grpo_s"]
+    assert seeds == (0, 1, 2)
+    line = next(x for x in text.splitlines() if x.startswith("  sokoban_grpo_s:"))
+    assert line.endswith(f"-> {suites.format_duration(suites.estimate_seconds(suite, grpo, 3))}"
+                         " (2 of 3 finished)")
+    total = sum(suites.estimate_seconds(suite, s, len(ss)) for s, ss in suite.settings())
+    left = total - suites.estimate_seconds(suite, estimate["sokoban_sft"][0], 1) \
+        - suites.estimate_seconds(suite, grpo, 3) + suites.estimate_seconds(suite, grpo, 1)
+    assert text.rstrip().endswith(f"29 runs, 3 finished; estimated wall time "
+                                  f"{suites.format_duration(total)}, "
+                                  f"{suites.format_duration(left)} of it left")
+
+
 def test_only_trains_the_named_experiments_and_refuses_unknown_names(tmp_path):
     ablation = suites.cpu_suite().only(["filter_ablation"])
     assert [(s.name, seeds) for s, seeds in ablation.settings()] == [

@@ -406,7 +406,8 @@ def reproduce(suite: Suite, name: str, workdir: Path, *, dry_run: bool = False,
     def say(line: str) -> None:
         print(line, file=stream or sys.stdout, flush=True)
 
-    say(plan_text(suite, name).rstrip())
+    say(plan_text(suite, name, lambda s, seed: _finished(run_dir(workdir, s, seed)) is not None
+                  ).rstrip())
     if dry_run:
         return
     workdir.mkdir(parents=True, exist_ok=True)

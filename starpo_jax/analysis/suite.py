@@ -414,17 +414,21 @@ def estimate_seconds(suite: Suite, setting: Setting, seeds: int) -> float | None
     return suite.build_seconds + seeds * per_run
 
 
-def plan_text(suite: Suite, name: str) -> str:
-    """The plan: a line per setting (seeds, steps, evaluations, estimate) and the total."""
+def plan_text(suite: Suite, name: str,
+              finished: Callable[[str, int], bool] = lambda setting, seed: False) -> str:
+    """The plan: a line per setting (seeds, steps, evaluations, estimate) and the total;
+    `finished(setting, seed)` says which runs are done (a resumed suite): their count per
+    setting, and the estimate of what is left beside the total."""
     lines = [f"suite {name}: {len(suite.experiments)} experiments"]
     for spec in suite.experiments:
         lines.append(f"  {spec.title}: settings {', '.join(s.name for s in spec.settings)}; "
                      f"seeds {','.join(map(str, spec.seeds))}")
-    total, known = 0.0, True
-    runs = 0
+    total, left, known = 0.0, 0.0, True
+    runs = done = 0
     for setting, seeds in suite.settings():
         config = setting.config()
         est = estimate_seconds(suite, setting, len(seeds))
+        todo = [seed for seed in seeds if not finished(setting.name, seed)]
         evals = evaluations(config, setting.eval_before and setting.start is None)
         envs = ",".join(eval_config(config).envs) if evals else "-"
         final = final_pairs(setting, config)
@@ -437,11 +441,19 @@ def plan_text(suite: Suite, name: str) -> str:
                      + (f" + a final one ({', '.join('/'.join(p) for p in final)})"
                         if final else "")
                      + (f", from {setting.start.name}" if setting.start else "")
-                     + f" -> {'?' if est is None else format_duration(est)}")
+                     + f" -> {'?' if est is None else format_duration(est)}"
+                     + (f" ({len(seeds) - len(todo)} of {len(seeds)} finished)"
+                        if len(todo) < len(seeds) else ""))
         runs += len(seeds)
+        done += len(seeds) - len(todo)
         total += est or 0.0
+        left += (estimate_seconds(suite, setting, len(todo)) or 0.0) if todo else 0.0
         known = known and est is not None
-    lines.append(f"{runs} runs; estimated wall time "
-                 f"{format_duration(total) if known else 'not estimated (no per-step figures)'}")
+    if not known:
+        lines.append(f"{runs} runs; estimated wall time not estimated (no per-step figures)")
+    elif done:
+        lines.append(f"{runs} runs, {done} finished; estimated wall time {format_duration(total)}"
+                     f", {format_duration(left)} of it left")
+    else:
+        lines.append(f"{runs} runs; estimated wall time {format_duration(total)}")
     return "\n".join(lines) + "\n"
-
