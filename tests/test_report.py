@@ -387,3 +387,20 @@ def test_heldout_steps_table_over_the_evaluated_steps():
     assert report.heldout_steps_table(exp, "frozen_lake") == \
         "(no frozen_lake greedy evaluations logged)\n"
     assert "| sokoban greedy success at step | 0 | 2 | 4 |" in report.experiment_markdown(exp, [])
+
+
+@pytest.mark.parametrize("linked", [False, True])
+def test_a_finished_runs_checkpoints_are_deleted_also_through_a_symlink(tmp_path, linked):
+    run = tmp_path / "run"
+    run.mkdir()
+    store = (tmp_path / "elsewhere" if linked else run / "checkpoints") / "10"
+    store.mkdir(parents=True)
+    (store / "weights").write_bytes(b"x" * 100)
+    if linked:
+        (run / "checkpoints").symlink_to(tmp_path / "elsewhere")
+    reproduce.delete_checkpoints(run / "checkpoints")
+    assert not (run / "checkpoints").exists() and not (run / "checkpoints").is_symlink()
+    assert not store.exists()
+    (run / "kept.json").write_text("{}")
+    reproduce.delete_checkpoints(run / "checkpoints")  # nothing there: nothing happens
+    assert (run / "kept.json").exists()

@@ -145,6 +145,16 @@ def _finished(path: Path) -> dict | None:
     return json.loads((path / DONE).read_text()) if (path / DONE).exists() else None
 
 
+def delete_checkpoints(checkpoints: Path) -> None:
+    """Deletes a finished run's checkpoint directory; where it is a symlink (checkpoints kept
+    on another disk), the directory it points to, then the link (rmtree refuses a link, and
+    ignoring that left GiBs behind)."""
+    target = checkpoints.resolve()
+    shutil.rmtree(target, ignore_errors=True)
+    if checkpoints.is_symlink():
+        checkpoints.unlink()
+
+
 def _headline(metrics: dict[str, float], ends: tuple[str, ...]) -> str:
     """The metrics named with one of `ends`, but not the failure classes (failure/success
     repeats success)."""
@@ -186,7 +196,7 @@ def _train_one(exp: experiment.Experiment, path: Path, setting: Setting, stop: t
     write_atomically(path / DONE, json.dumps({"steps": done, "seconds": seconds}) + "\n")
     # An SFT run's newest checkpoint is the start of the runs after it: kept.
     if not keep_checkpoints and not setting.sft:
-        shutil.rmtree(path / "checkpoints", ignore_errors=True)
+        delete_checkpoints(path / "checkpoints")
     return True
 
 
