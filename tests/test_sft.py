@@ -454,7 +454,6 @@ def test_an_sft_workdir_resumes_across_config_forms_and_new_sft_keys(tmp_path):
     SFT start) lacks it: checked against the SFT defaults, the key at its default passes and
     another value is named. The keys split_config forces (one update on every row) may differ
     (a config.json holds the given or the effective form); a StarPO run's rules are neither."""
-    from starpo_jax.run.loop import RESUMABLE_CHANGES
     from starpo_jax.run.workdir import RunFault, check_config
 
     config = sft.sft_config("sokoban").to_dict()
@@ -464,10 +463,10 @@ def test_an_sft_workdir_resumes_across_config_forms_and_new_sft_keys(tmp_path):
     saved["filter"]["keep_ratio"] = 0.25
     path = tmp_path / "config.json"
     path.write_text(json.dumps(saved))
-    rules = sft.resume_rules(config, RESUMABLE_CHANGES)
+    rules = sft.resume_rules(config, runner.RESUMABLE_CHANGES)
     check_config(path, config, True, has_checkpoints=True, **rules)
     config["sft"]["solver_share"] = 0.9
     with pytest.raises(RunFault, match=r"sft.solver_share: '\(absent\)' there, 0.9 here"):
         check_config(path, config, True, has_checkpoints=True, **rules)
-    starpo = sft.resume_rules(api.default_config(), RESUMABLE_CHANGES)
-    assert "sft" not in starpo["defaults"] and starpo["resumable"] == RESUMABLE_CHANGES
+    starpo = sft.resume_rules(api.default_config(), runner.RESUMABLE_CHANGES)
+    assert "sft" not in starpo["defaults"] and starpo["resumable"] == runner.RESUMABLE_CHANGES

@@ -395,13 +395,14 @@ def experiment_markdown(exp: ExperimentResult, figure_names: Sequence[str]) -> s
     if exp.kind == "table4":
         parts.append("Held-out initial states, before -> after training (the layout of "
                      "RAGEN's Table 4):\n")
-        modes = dict.fromkeys(m for _, m in eval_envs_modes(exp)) or {"greedy": None}
+        pairs = eval_envs_modes(exp)
+        modes = dict.fromkeys(m for _, m in pairs) or {"greedy": None}
         parts += [table4(exp, mode) for mode in modes]
-        trained = [env for env, mode in eval_envs_modes(exp) if mode == "greedy"][:1]
-        if trained:  # the first env evaluated: the training env
+        greedy = [env for env, mode in pairs if mode == "greedy"]
+        if greedy:  # the first env evaluated: the training env
             parts.append("Held-out greedy success over training (mean ± std over seeds, each "
                          "seed in brackets):\n")
-            parts.append(heldout_steps_table(exp, trained[0]))
+            parts.append(heldout_steps_table(exp, greedy[0]))
     parts += [f"![{name}](figures/{name})" for name in figure_names]
     return "\n".join(parts) + "\n"
 

@@ -416,8 +416,10 @@ def reproduce(suite: Suite, name: str, workdir: Path, *, dry_run: bool = False,
     def say(line: str) -> None:
         print(line, file=stream or sys.stdout, flush=True)
 
-    say(plan_text(suite, name, lambda s, seed: _finished(run_dir(workdir, s, seed)) is not None
-                  ).rstrip())
+    def finished(setting: str, seed: int) -> bool:
+        return _finished(run_dir(workdir, setting, seed)) is not None
+
+    say(plan_text(suite, name, finished).rstrip())
     if dry_run:
         return
     workdir.mkdir(parents=True, exist_ok=True)
