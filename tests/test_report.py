@@ -132,6 +132,12 @@ def test_table4_before_and_after_per_env():
     assert row == ("| sokoban_ppo | 0.20 ± 0.10 -> 0.60 ± 0.10 | 0.20 ± 0.00 -> 0.90 ± 0.00 | "
                    "0.10 ± 0.05 -> 0.00 ± 0.00 | 0.10 ± 0.00 -> 1.00 ± 0.00 |")
     assert report.table4(exp, mode="sampled") == "(no sampled evaluations logged)\n"
+    # A setting evaluated on an env before training only (the start's evaluation) shows '-'.
+    for rows in exp.runs["sokoban_ppo"].values():
+        rows[-1] = {k: v for k, v in rows[-1].items() if not k.startswith("val/sokoban_large/")}
+    _, _, row = report.table4(exp).splitlines()
+    assert row == ("| sokoban_ppo | 0.20 ± 0.10 -> 0.60 ± 0.10 | 0.20 ± 0.00 -> 0.90 ± 0.00 | "
+                   "- | - |")
     # Reference rows (one evaluation each) above the settings; '-' where one has no metric.
     exp = dataclasses.replace(exp, references={
         "random policy (sokoban)": {"val/sokoban/greedy/success": 0.125,

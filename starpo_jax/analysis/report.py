@@ -207,8 +207,10 @@ def _before_after(runs: Mapping[int, Sequence[Row]], name: str,
 def table4(exp: ExperimentResult, mode: str = "greedy") -> str:
     """Markdown in the layout of RAGEN's Table 4: a row per setting, per evaluated env (the
     training env and its out-of-distribution variants) success and valid-action rate before
-    -> after training, mean ± std over seeds, on the held-out initial states; first the
-    reference rows (exp.references: one evaluation each, '-' where it lacks the metric)."""
+    -> after training, mean ± std over seeds, on the held-out initial states ('-' where a
+    setting was not evaluated after training on that env: its before is the start's row);
+    first the reference rows (exp.references: one evaluation each, '-' where it lacks the
+    metric)."""
     envs = [env for env, m in eval_envs_modes(exp) if m == mode]
     if not envs:
         return f"(no {mode} evaluations logged)\n"
@@ -224,7 +226,7 @@ def table4(exp: ExperimentResult, mode: str = "greedy") -> str:
         for env in envs:
             for metric in ("success", "action_is_valid"):
                 before, after = _before_after(runs, f"val/{env}/{mode}/{metric}")
-                cells.append(f"{fmt(before, 2)} -> {fmt(after, 2)}")
+                cells.append("-" if after is None else f"{fmt(before, 2)} -> {fmt(after, 2)}")
         lines.append(f"| {exp.label(setting)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
