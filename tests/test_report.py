@@ -378,21 +378,30 @@ def test_the_report_names_the_commit_and_ignores_the_suites_own_results(tmp_path
 
 def test_heldout_steps_table_over_the_evaluated_steps():
     """Per setting, held-out success at each evaluated step, mean ± std over the seeds that
-    evaluated it and each seed's value ('-' where none did); the section of a table4
-    experiment includes it."""
+    evaluated it and each seed's value ('-' where none did), and each seed's gain (its last
+    evaluation minus step 0); a table4 experiment's section holds one such table per training
+    env, with the settings trained on it."""
     exp = _table4_experiment()
     runs = exp.runs["sokoban_ppo"]
     other = {0: [dict(r) for r in runs[0]]}
     other[0].append(_eval_row(4, "sokoban", 0.75, 1.0))
     exp = dataclasses.replace(exp, runs={"sokoban_ppo": runs, "gigpo": other})
     head, rule, ppo, gigpo = report.heldout_steps_table(exp, "sokoban").splitlines()
-    assert head == "| sokoban greedy success at step | 0 | 2 | 4 |"
-    assert rule == "|---|---|---|---|"
-    assert ppo == ("| sokoban_ppo | 0.20 ± 0.10 (0.10, 0.30) | 0.60 ± 0.10 (0.50, 0.70) | - |")
-    assert gigpo == "| gigpo | 0.10 ± 0.00 | 0.50 ± 0.00 | 0.75 ± 0.00 |"
+    assert head == "| sokoban greedy success at step | 0 | 2 | 4 | gain (last - step 0) |"
+    assert rule == "|---|---|---|---|---|"
+    assert ppo == ("| sokoban_ppo | 0.20 ± 0.10 (0.10, 0.30) | 0.60 ± 0.10 (0.50, 0.70) | - | "
+                   "0.40 ± 0.00 (0.40, 0.40) |")
+    assert gigpo == "| gigpo | 0.10 ± 0.00 | 0.50 ± 0.00 | 0.75 ± 0.00 | 0.65 ± 0.00 |"
     assert report.heldout_steps_table(exp, "frozen_lake") == \
         "(no frozen_lake greedy evaluations logged)\n"
-    assert "| sokoban greedy success at step | 0 | 2 | 4 |" in report.experiment_markdown(exp, [])
+    lake = {0: [_eval_row(0, "frozen_lake", 0.25, 1.0), _eval_row(3, "frozen_lake", 0.125, 1.0)]}
+    exp = dataclasses.replace(exp, runs={**exp.runs, "lake": lake})
+    assert report.training_envs(exp) == ["sokoban", "frozen_lake"]
+    assert report.heldout_steps_table(exp, "frozen_lake").splitlines()[2:] == \
+        ["| lake | 0.25 ± 0.00 | 0.12 ± 0.00 | -0.12 ± 0.00 |"]  # sokoban's settings left out
+    section = report.experiment_markdown(exp, [])
+    assert "| sokoban greedy success at step | 0 | 2 | 4 | gain (last - step 0) |" in section
+    assert "| frozen_lake greedy success at step | 0 | 3 | gain (last - step 0) |" in section
 
 
 @pytest.mark.parametrize("linked", [False, True])

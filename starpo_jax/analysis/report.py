@@ -233,25 +233,46 @@ def table4(exp: ExperimentResult, mode: str = "greedy") -> str:
 
 def heldout_steps_table(exp: ExperimentResult, env: str, mode: str = "greedy") -> str:
     """Markdown: held-out success on `env` (`mode`) at every evaluated step (step 0: before
-    training), a row per setting, mean ± std over the seeds that evaluated that step, then
-    each seed's value in seed order ('-' where none did): when each setting reaches a level,
-    not only where it ends, and whether every seed does."""
+    training), a row per setting that evaluated it, mean ± std over the seeds that evaluated
+    that step, then each seed's value in seed order ('-' where none did), and last the gain:
+    each seed's last evaluation minus its step 0. When each setting reaches a level, not only
+    where it ends, and whether every seed gains."""
     name = f"val/{env}/{mode}/success"
     per_setting = {s: [evaluations(rows) for rows in runs.values()] for s, runs in exp.runs.items()}
+    per_setting = {s: evals for s, evals in per_setting.items()
+                   if any(name in e[t] for e in evals for t in e)}
     steps = sorted({step for evals in per_setting.values() for e in evals for step in e
                     if name in e[step]})
     if not steps:
         return f"(no {env} {mode} evaluations logged)\n"
-    lines = [f"| {env} {mode} success at step | " + " | ".join(map(str, steps)) + " |",
-             "|---|" + "---|" * len(steps)]
+
+    def cell(found: list[float]) -> str:
+        seeds = f" ({', '.join(f'{v:.2f}' for v in found)})" if len(found) > 1 else ""
+        return fmt(mean_std(found), 2) + seeds if found else "-"
+
+    lines = [f"| {env} {mode} success at step | " + " | ".join(map(str, steps))
+             + " | gain (last - step 0) |", "|---|" + "---|" * (len(steps) + 1)]
     for setting, evals in per_setting.items():
-        cells = []
-        for t in steps:
-            found = [e[t][name] for e in evals if name in e.get(t, {})]
-            seeds = f" ({', '.join(f'{v:.2f}' for v in found)})" if len(found) > 1 else ""
-            cells.append(fmt(mean_std(found), 2) + seeds if found else "-")
-        lines.append(f"| {exp.label(setting)} | " + " | ".join(cells) + " |")
+        cells = [cell([e[t][name] for e in evals if name in e.get(t, {})]) for t in steps]
+        gains = []
+        for e in evals:
+            evaluated = [t for t in e if t > 0 and name in e[t]]
+            if evaluated and name in e.get(0, {}):
+                gains.append(e[max(evaluated)][name] - e[0][name])
+        lines.append(f"| {exp.label(setting)} | " + " | ".join(cells + [cell(gains)]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def training_envs(exp: ExperimentResult, mode: str = "greedy") -> list[str]:
+    """Each setting's training env (the first env its runs evaluated in `mode`: evaluations
+    list the training env before its variants), distinct, in first-seen order."""
+    found: dict[str, None] = {}
+    for runs in exp.runs.values():
+        for env, m in eval_envs_modes(dataclasses.replace(exp, runs={"s": runs})):
+            if m == mode:
+                found[env] = None
+                break
+    return list(found)
 
 
 def _new_figure(size: tuple[float, float]) -> Any:
@@ -400,11 +421,12 @@ def experiment_markdown(exp: ExperimentResult, figure_names: Sequence[str]) -> s
         pairs = eval_envs_modes(exp)
         modes = dict.fromkeys(m for _, m in pairs) or {"greedy": None}
         parts += [table4(exp, mode) for mode in modes]
-        greedy = [env for env, mode in pairs if mode == "greedy"]
-        if greedy:  # the first env evaluated: the training env
+        trained = training_envs(exp)
+        if trained:
             parts.append("Held-out greedy success over training (mean ± std over seeds, each "
-                         "seed in brackets):\n")
-            parts.append(heldout_steps_table(exp, greedy[0]))
+                         "seed in brackets; the gain: each seed's last evaluation minus its "
+                         "start):\n")
+            parts += [heldout_steps_table(exp, env) for env in trained]
     parts += [f"![{name}](figures/{name})" for name in figure_names]
     return "\n".join(parts) + "\n"
 
