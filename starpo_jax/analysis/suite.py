@@ -130,18 +130,19 @@ class Suite:
 
 # --- the suites ------------------------------------------------------------------------------
 
-# Seconds per step, SmolLM2-135M on a quiet 2-core CPU, checkpoints and logging included.
-# Bandit (4 x 8 rollouts, one turn): the suite's own runs (keep 1.0 28-37 s, keep 0.25 13-16 s).
-# Grid (4 x 4 rollouts, 5 turns of ~200 tokens): the suite's own 4 x 4 StarPO-S GRPO steps of
-# 16-token replies (95-101 s, results/cpu runs/sokoban_grpo), 24-token budgets taken as ~10%
-# more; PPO adds the critic's update (a 4 x 8 FrozenLake PPO step: 255-265 s, the update ~140
-# s); vanilla updates on all 16 rows (no filter) and a reference forward for its KL. An SFT
-# step: 8 demonstration rows (no sampling) through the update's forward and backward, remat
-# (~37 s by the step-time model). A held-out rollout (5 turns) ~3.5 s: 16 greedy Sokoban states
-# on 3 envs took 218 s with their 3 compiles (results/cpu).
-STEP_SECONDS = {"bandit_keep_0.25": 15.0, "bandit_keep_0.5": 20.0, "bandit_keep_1.0": 32.0,
-                "grid_grpo": 110.0, "grid_ppo": 160.0, "grid_vanilla": 140.0, "grid_sft": 37.0}
-GRID_EVAL_ROW_SECONDS = 3.5
+# Seconds per step, SmolLM2-135M on a quiet 2-core CPU, checkpoints and logging included: the
+# medians of the suite's own runs (results/cpu/runs/*/metrics.jsonl, timing/step_seconds).
+# Bandit (4 x 8 rollouts, one turn): StarPO-S (keep 0.25) 11-14 s, keep 0.5 13 s, keep 1.0
+# 22 s, vanilla (keep 1.0 and a reference forward for its KL) 25-37 s. Grid (4 x 4 rollouts,
+# 5 turns, 24-token NoThink replies, from the SFT start): StarPO-S GRPO 35-44 s (GiGPO 28-34),
+# PPO ~50 s (the critic's update too), vanilla 75 s (all 16 rows, 8 micro-batches); an SFT
+# step (8 demonstration rows, no sampling) 31 s on FrozenLake, 63 s on Sokoban's longer
+# buffer. A held-out rollout (5 turns, 64 rows at a time) ~1.8 s, its compile amortised
+# (64-state greedy evaluations took 37-197 s).
+STEP_SECONDS = {"bandit_keep_0.25": 12.0, "bandit_keep_0.5": 13.5, "bandit_keep_1.0": 22.0,
+                "bandit_vanilla": 28.0, "grid_grpo": 38.0, "grid_ppo": 50.0,
+                "grid_vanilla": 75.0, "grid_sft": 47.0}
+GRID_EVAL_ROW_SECONDS = 1.8
 CPU_LR = 1e-5  # README: at 1e-5 the quickstart's entropy and reward std collapse by step 10
 GRID_LR = 1e-5  # twice quickstart.QUICK_LR: sparse multi-turn rewards, few steps
 
@@ -227,7 +228,7 @@ def _echo_trap(bandit: Callable[[], ConfigDict], seeds: tuple[int, ...],
     starpo_s = Setting(f"{prefix}_starpo_s", "StarPO-S (filter 0.25, clip 0.2/0.28, no KL)",
                        bandit, {}, estimate["bandit_keep_0.25"])
     vanilla = Setting(f"{prefix}_vanilla", "StarPO (KL 0.001, clip 0.2, no filter)", bandit,
-                      {"vanilla": True}, estimate["bandit_keep_1.0"])
+                      {"vanilla": True}, estimate["bandit_vanilla"])
     about = ("Vanilla StarPO (GRPO, KL 0.001, symmetric clip 0.2, no filter) against StarPO-S "
              "(keep the 25% most uncertain groups, clip 0.2 / 0.28, no KL) on Bandit, the same "
              "learning rate. RAGEN's Echo Trap: reward std and entropy collapse while the mean "
@@ -319,14 +320,15 @@ def _multi_turn_specs(seeds: tuple[int, ...], estimate: dict[str, float | None],
 def cpu_suite() -> Suite:
     """SmolLM2, CPU-sized shapes; the plan and its total: `reproduce.py --suite cpu --dry-run`.
 
-    Experiments 1 and 3 (Bandit) take about 1.5 hours. The multi-turn part (issue 31's
-    experiment 2, its Echo Trap on Sokoban, issue 33's GiGPO) is sized to <= 10 CPU-hours:
+    Experiments 1 and 3 (Bandit) take about an hour. The multi-turn part (issue 31's
+    experiment 2, its Echo Trap on Sokoban, issue 33's GiGPO) is sized to <= 10 CPU-hours
+    (~4.8 hours by the measured step times, STEP_SECONDS):
     - 4 x 4 rollouts, keep 0.25 (StarPO-S: the update runs on the one group of 4 rows with the
       most spread in reward), 10 steps at lr 1e-5: more steps rather than more groups (the
       rollout is most of a step); 10 steps is where the paper sees vanilla GRPO collapse on
-      Sokoban. 4 x 8 groups and 16 steps (a group of 8 tries shows more spread) estimate at
-      ~16.5 hours at today's step times: the shape to take once the step is faster.
-    - held-out evaluations are costly (a 5-turn rollout ~3.5 s a row): each run evaluates 64
+      Sokoban. 4 x 8 groups and 16 steps (a group of 8 tries shows more spread; the pilots'
+      4 x 8 StarPO-S steps took 100-120 s) would take ~8 hours: the next shape to run.
+    - held-out evaluations are costly (a 5-turn rollout ~1.8 s a row): each run evaluates 64
       states greedily on its training env at steps 5 and 10 (the curves), then its final
       weights once more, sampled (one rollout at 0.5, as the original validates) and, for
       StarPO-S GRPO (the method), on the OOD variants too; PPO, vanilla, GiGPO and FrozenLake
