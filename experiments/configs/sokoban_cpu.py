@@ -4,10 +4,14 @@ the game of sokoban_ppo.py / sokoban_grpo.py (the paper's setting: hours per ste
 StarPO-S with GRPO, NoThink replies of at most 16 tokens, 4 groups x 8 rollouts, the env's own
 5 turns and action budgets, the quickstart's actor learning rate, 20 steps; at the end 8
 held-out states (and the game's out-of-distribution variants) are evaluated, greedy. One
-checkpoint is kept. The untrained SmolLM2-135M did not answer this game in format in the CPU
-suite (README, "Reproduction suite", experiment 2), so expect flat curves from it: the run
-shows the multi-turn machinery at a CPU's pace; learning needs a model that sometimes answers
-in format.
+checkpoint is kept. The untrained SmolLM2-135M does not answer this game in format (every
+group's reward std is 0: nothing to learn), so start from an SFT warm start that teaches it:
+
+    python experiments/sft.py --config sokoban_sft.py --workdir runs/sokoban_sft
+    python experiments/run.py --config sokoban_cpu.py --config.model.init_from=runs/sokoban_sft \
+        --workdir runs/sokoban_rl
+
+(the CPU suite's experiment 2, results/cpu/report.md, at 4 x 4 rollouts and 24-token replies).
 """
 
 from starpo_jax.run.schema import config_for
