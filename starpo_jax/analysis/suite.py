@@ -135,12 +135,12 @@ class Suite:
 # Bandit (4 x 8 rollouts, one turn): StarPO-S (keep 0.25) 11-14 s, keep 0.5 13 s, keep 1.0
 # 22 s, vanilla (keep 1.0 and a reference forward for its KL) 25-37 s. Grid (4 x 4 rollouts,
 # 5 turns, 24-token NoThink replies, from the SFT start): StarPO-S GRPO 35-44 s (GiGPO 28-34),
-# PPO ~50 s (the critic's update too), vanilla 75 s (all 16 rows, 8 micro-batches); an SFT
+# PPO 38-45 s (the critic's update too), vanilla 75 s (all 16 rows, 8 micro-batches); an SFT
 # step (8 demonstration rows, no sampling) 31 s on FrozenLake, 63 s on Sokoban's longer
 # buffer. A held-out rollout (5 turns, 64 rows at a time) ~1.8 s, its compile amortised
 # (64-state greedy evaluations took 37-197 s).
 STEP_SECONDS = {"bandit_keep_0.25": 12.0, "bandit_keep_0.5": 13.5, "bandit_keep_1.0": 22.0,
-                "bandit_vanilla": 28.0, "grid_grpo": 38.0, "grid_ppo": 50.0,
+                "bandit_vanilla": 28.0, "grid_grpo": 38.0, "grid_ppo": 42.0,
                 "grid_vanilla": 75.0, "grid_sft": 47.0}
 GRID_EVAL_ROW_SECONDS = 1.8
 CPU_LR = 1e-5  # README: at 1e-5 the quickstart's entropy and reward std collapse by step 10
