@@ -180,13 +180,17 @@ def evaluations(rows: Sequence[Row]) -> dict[int, dict[str, float]]:
 
 def eval_envs_modes(exp: ExperimentResult) -> list[tuple[str, str]]:
     """The (env, mode) pairs any run evaluated, in first-seen order."""
+    return list(dict.fromkeys(pair for runs in exp.runs.values() for pair in _evaluated(runs)))
+
+
+def _evaluated(runs: Mapping[int, Sequence[Row]]) -> list[tuple[str, str]]:
+    """The (env, mode) pairs one setting's runs evaluated, in first-seen order."""
     found: dict[tuple[str, str], None] = {}
-    for runs in exp.runs.values():
-        for rows in runs.values():
-            for metrics in evaluations(rows).values():
-                for name in metrics:
-                    match = _VAL.match(name)
-                    found[match.group(1), match.group(2)] = None
+    for rows in runs.values():
+        for metrics in evaluations(rows).values():
+            for name in metrics:
+                match = _VAL.match(name)
+                found[match.group(1), match.group(2)] = None
     return list(found)
 
 
@@ -266,13 +270,9 @@ def heldout_steps_table(exp: ExperimentResult, env: str, mode: str = "greedy") -
 def training_envs(exp: ExperimentResult, mode: str = "greedy") -> list[str]:
     """Each setting's training env (the first env its runs evaluated in `mode`: evaluations
     list the training env before its variants), distinct, in first-seen order."""
-    found: dict[str, None] = {}
-    for runs in exp.runs.values():
-        for env, m in eval_envs_modes(dataclasses.replace(exp, runs={"s": runs})):
-            if m == mode:
-                found[env] = None
-                break
-    return list(found)
+    firsts = (next((env for env, m in _evaluated(runs) if m == mode), None)
+              for runs in exp.runs.values())
+    return list(dict.fromkeys(env for env in firsts if env is not None))
 
 
 def _new_figure(size: tuple[float, float]) -> Any:

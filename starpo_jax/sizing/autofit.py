@@ -97,16 +97,19 @@ def _divisors(n: int) -> list[int]:
 # A step's time on this CPU, SmolLM2-135M, in ms (only their ratios rank settings; the costs
 # scale with the model's matmul weights and, for attention, with its cache bytes per slot).
 # Decode, per generated token of a chunk of r rows, each row's cache filled to S slots on
-# average: DECODE_STEP / r + DECODE_ROW + S x DECODE_SLOT x (1 + DECODE_WIDE x log2(r / 16)),
-# fitted to bench/sampler's decode fills (16 rows, 1758 slots: ~59 ms of the step is the
-# weights, attention linear in the fill), the quickstart's rollout (32 rows, ~210 slots: one
-# chunk 1.4x faster than four of 8 rows) and the paper shape's (128 rows, ~1100 slots: one
-# chunk 1.37x slower per token than eight of 16 rows, 21.7 against 16.0 ms; bench/step.py).
-DECODE_STEP = 45.0  # per decode step whatever its rows: the weights read, the loop's own work
-DECODE_ROW = 3.7  # per row and step: its matmuls
-DECODE_SLOT = 8.5e-3  # per row, step and filled float32 cache slot: attention
-DECODE_WIDE = 0.29  # attention's per-slot cost grows by this per doubling of rows beyond 16
-TRAIN_TOKEN = 7.0  # per buffer position through forward and backward (a forward: a third)
+# average: DECODE_STEP / r + DECODE_ROW + S x DECODE_SLOT x (1 + DECODE_WIDE x log2(r / 32)),
+# fitted (within 6%) to decode steps of SmolLM2 timed alone on this CPU (experiments/bench/
+# sampler.py's decode step, float32 cache): per row-token 3.94 / 2.38 ms at 8 / 32 rows and 212
+# filled slots (the quickstart's), 4.06 / 3.54 ms at 16 / 32 rows and 580 (the CPU suite's
+# Sokoban), 5.40 / 4.77 / 5.01 / 6.16 ms at 16 / 32 / 64 / 128 rows and 1055 (the paper shape's).
+# Larger chunks amortise the weights' read, but beyond 32 rows attention over the rows' caches
+# costs more per slot: 32-row chunks are the fastest at long caches, one chunk at short ones.
+# TRAIN_TOKEN: a forward and backward of 4 x 1288 positions in the same hour (6.3 ms each).
+DECODE_STEP = 16.9  # per decode step whatever its rows: the weights read, the loop's own work
+DECODE_ROW = 1.27  # per row and step: its matmuls
+DECODE_SLOT = 2.85e-3  # per row, step and filled float32 cache slot: attention
+DECODE_WIDE = 0.25  # attention's per-slot cost grows by this per doubling of rows beyond 32
+TRAIN_TOKEN = 6.3  # per buffer position through forward and backward (a forward: a third)
 SMOLLM2 = {"weights": 134_479_872, "slot": 30 * 3 * 64}  # matmul_weights; layers x kv heads x hd
 
 
@@ -114,7 +117,7 @@ def relative_time(shape: StepShape, train: TrainConfig, s: Settings) -> float:
     """A step's modelled time under settings `s` (ms of this CPU; see DECODE_* and TRAIN_TOKEN).
 
     Rollout: the chunk's rows r = rows / chunks set the decode cost per token above; fewer,
-    larger chunks amortise the weights, but at long caches attention over many rows' caches
+    larger chunks amortise the weights, but beyond 32 rows attention over the rows' caches
     costs more per slot. A bfloat16 cache ranks just behind the float32 one of the same
     chunks (it is the one inexact choice). Update and old log-probs: the positions the row
     slices compute, a group's shared first prompt once per slice that holds the group (the
@@ -129,7 +132,7 @@ def relative_time(shape: StepShape, train: TrainConfig, s: Settings) -> float:
     width = shape.prefix_width
     filled = (shape.length + (width if width is not None else 0)) / 2
     per_token = (weights * (DECODE_STEP / r + DECODE_ROW)
-                 + filled * slot * (1 + DECODE_WIDE * max(0.0, math.log2(r / 16))))
+                 + filled * slot * (1 + DECODE_WIDE * max(0.0, math.log2(r / 32))))
     rollout = shape.rows * shape.decode_tokens * per_token
     rollout *= 1.001 if s.cache_dtype == "bfloat16" else 1.0
     prepare_plan, update_plan = slice_plans(width, s.apply(train))
