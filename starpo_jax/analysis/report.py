@@ -194,17 +194,25 @@ def _evaluated(runs: Mapping[int, Sequence[Row]]) -> list[tuple[str, str]]:
     return list(found)
 
 
+def _seed_ends(runs: Mapping[int, Sequence[Row]], name: str,
+               ) -> list[tuple[float | None, float | None]]:
+    """Per seed, val metric `name` before training (step 0) and at the run's last evaluation
+    that logged it; None where it lacks one."""
+    ends = []
+    for rows in runs.values():
+        evals = evaluations(rows)
+        last = [s for s in evals if s > 0 and name in evals[s]]
+        ends.append((evals.get(0, {}).get(name), evals[max(last)][name] if last else None))
+    return ends
+
+
 def _before_after(runs: Mapping[int, Sequence[Row]], name: str,
                   ) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
     """mean_std over seeds of val metric `name` before training (step 0) and at each run's
     last evaluation; None where a seed lacks it."""
-    before, after = [], []
-    for rows in runs.values():
-        evals = evaluations(rows)
-        before.append(evals.get(0, {}).get(name))
-        last = [s for s in evals if s > 0 and name in evals[s]]
-        after.append(evals[max(last)][name] if last else None)
-    stat = [None if not v or None in v else mean_std(v) for v in (before, after)]
+    ends = _seed_ends(runs, name)
+    stat = [None if not v or None in v else mean_std(v)
+            for v in ([b for b, _ in ends], [a for _, a in ends])]
     return stat[0], stat[1]
 
 
@@ -242,10 +250,11 @@ def heldout_steps_table(exp: ExperimentResult, env: str, mode: str = "greedy") -
     each seed's last evaluation minus its step 0. When each setting reaches a level, not only
     where it ends, and whether every seed gains."""
     name = f"val/{env}/{mode}/success"
-    per_setting = {s: [evaluations(rows) for rows in runs.values()] for s, runs in exp.runs.items()}
-    per_setting = {s: evals for s, evals in per_setting.items()
+    per_setting = {s: (runs, [evaluations(rows) for rows in runs.values()])
+                   for s, runs in exp.runs.items()}
+    per_setting = {s: (runs, evals) for s, (runs, evals) in per_setting.items()
                    if any(name in e[t] for e in evals for t in e)}
-    steps = sorted({step for evals in per_setting.values() for e in evals for step in e
+    steps = sorted({step for _, evals in per_setting.values() for e in evals for step in e
                     if name in e[step]})
     if not steps:
         return f"(no {env} {mode} evaluations logged)\n"
@@ -256,13 +265,9 @@ def heldout_steps_table(exp: ExperimentResult, env: str, mode: str = "greedy") -
 
     lines = [f"| {env} {mode} success at step | " + " | ".join(map(str, steps))
              + " | gain (last - step 0) |", "|---|" + "---|" * (len(steps) + 1)]
-    for setting, evals in per_setting.items():
+    for setting, (runs, evals) in per_setting.items():
         cells = [cell([e[t][name] for e in evals if name in e.get(t, {})]) for t in steps]
-        gains = []
-        for e in evals:
-            evaluated = [t for t in e if t > 0 and name in e[t]]
-            if evaluated and name in e.get(0, {}):
-                gains.append(e[max(evaluated)][name] - e[0][name])
+        gains = [a - b for b, a in _seed_ends(runs, name) if None not in (a, b)]
         lines.append(f"| {exp.label(setting)} | " + " | ".join(cells + [cell(gains)]) + " |")
     return "\n".join(lines) + "\n"
 
