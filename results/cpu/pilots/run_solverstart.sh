@@ -7,13 +7,16 @@
 # on the merged start, default 0: full fine-tuning; SHAPE: groups x group size, default 4x8),
 # in order, each resumed where a cut-off session left it (README.md here):
 #   nohup bash results/cpu/pilots/run_solverstart.sh grpo:0 gigpo:0 grpo:0:1e-5 > logs/solverstart.log 2>&1 &
-# STEPS (default 20): the runs' length, in their names too. For gpu_sft.sh: START (the SFT
-# workdir), RUNS_DIR (where the runs go; default here), DEADLINE (seconds into this script
-# after which no run starts and the current one is stopped with SIGTERM, saving), EXTRA
-# (more run.py arguments), PY (the python; default python).
+# STEPS (default 20): the runs' length, in their names too. START: the SFT workdir (default the
+# solver start; START_LABEL names it in the runs' directories, default solverstart: e.g.
+# START=results/cpu/runs/sokoban_sft/seed_0 START_LABEL=formatstart). For gpu_sft.sh: RUNS_DIR
+# (where the runs go; default here), DEADLINE (seconds into this script after which no run
+# starts and the current one is stopped with SIGTERM, saving), EXTRA (more run.py arguments),
+# PY (the python; default python).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 start=${START:-$here/sokoban_sft_gpu_solver100/seed_0}
+start_label=${START_LABEL:-solverstart}
 root=${RUNS_DIR:-$here}
 steps=${STEPS:-20}
 for run in "$@"; do
@@ -30,7 +33,7 @@ for run in "$@"; do
         keep=1.0
         label=vanilla
     fi
-    name=sokoban_${label}_solverstart_${lr}_${shape}_keep${keep}_$steps
+    name=sokoban_${label}_${start_label}_${lr}_${shape}_keep${keep}_$steps
     options=()
     if [ "$mode" != mean_std ]; then
         name=${name}_$mode
