@@ -194,13 +194,12 @@ def _evaluated(runs: Mapping[int, Sequence[Row]]) -> list[tuple[str, str]]:
     return list(found)
 
 
-def _seed_ends(runs: Mapping[int, Sequence[Row]], name: str,
+def _seed_ends(per_seed: Sequence[dict[int, dict[str, float]]], name: str,
                ) -> list[tuple[float | None, float | None]]:
-    """Per seed, val metric `name` before training (step 0) and at the run's last evaluation
-    that logged it; None where it lacks one."""
+    """Per seed (its `evaluations`), val metric `name` before training (step 0) and at the
+    run's last evaluation that logged it; None where it lacks one."""
     ends = []
-    for rows in runs.values():
-        evals = evaluations(rows)
+    for evals in per_seed:
         last = [s for s in evals if s > 0 and name in evals[s]]
         ends.append((evals.get(0, {}).get(name), evals[max(last)][name] if last else None))
     return ends
@@ -210,7 +209,7 @@ def _before_after(runs: Mapping[int, Sequence[Row]], name: str,
                   ) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
     """mean_std over seeds of val metric `name` before training (step 0) and at each run's
     last evaluation; None where a seed lacks it."""
-    ends = _seed_ends(runs, name)
+    ends = _seed_ends([evaluations(rows) for rows in runs.values()], name)
     stat = [None if not v or None in v else mean_std(v)
             for v in ([b for b, _ in ends], [a for _, a in ends])]
     return stat[0], stat[1]
@@ -250,11 +249,10 @@ def heldout_steps_table(exp: ExperimentResult, env: str, mode: str = "greedy") -
     each seed's last evaluation minus its step 0. When each setting reaches a level, not only
     where it ends, and whether every seed gains."""
     name = f"val/{env}/{mode}/success"
-    per_setting = {s: (runs, [evaluations(rows) for rows in runs.values()])
-                   for s, runs in exp.runs.items()}
-    per_setting = {s: (runs, evals) for s, (runs, evals) in per_setting.items()
+    per_setting = {s: [evaluations(rows) for rows in runs.values()] for s, runs in exp.runs.items()}
+    per_setting = {s: evals for s, evals in per_setting.items()
                    if any(name in e[t] for e in evals for t in e)}
-    steps = sorted({step for _, evals in per_setting.values() for e in evals for step in e
+    steps = sorted({step for evals in per_setting.values() for e in evals for step in e
                     if name in e[step]})
     if not steps:
         return f"(no {env} {mode} evaluations logged)\n"
@@ -265,9 +263,9 @@ def heldout_steps_table(exp: ExperimentResult, env: str, mode: str = "greedy") -
 
     lines = [f"| {env} {mode} success at step | " + " | ".join(map(str, steps))
              + " | gain (last - step 0) |", "|---|" + "---|" * (len(steps) + 1)]
-    for setting, (runs, evals) in per_setting.items():
+    for setting, evals in per_setting.items():
         cells = [cell([e[t][name] for e in evals if name in e.get(t, {})]) for t in steps]
-        gains = [a - b for b, a in _seed_ends(runs, name) if None not in (a, b)]
+        gains = [a - b for b, a in _seed_ends(evals, name) if None not in (a, b)]
         lines.append(f"| {exp.label(setting)} | " + " | ".join(cells + [cell(gains)]) + " |")
     return "\n".join(lines) + "\n"
 

@@ -17,11 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs_jax import registry
-from envs_jax.sokoban import constants
 from starpo_jax.run.evaluation import heldout_keys
 from starpo_jax.run.experiment import run_keys
 
-NAMES = ("Up", "Down", "Left", "Right")  # constants.MOVES' order
 EPISODES = 64
 
 
@@ -42,26 +40,28 @@ def solved(env, states, seq: jax.Array) -> jax.Array:
 
 
 def main() -> None:
-    assert constants.MOVES == ((-1, 0), (1, 0), (0, -1), (0, 1)), constants.MOVES
     env = registry.make("sokoban")
+    names = env.action_names
     held, other = initial_states(env, 0), initial_states(env, 1)
     rates = jax.jit(jax.vmap(lambda seq: solved(env, held, seq).mean()))
     other_rate = jax.jit(lambda seq: solved(env, other, seq).mean())
     print(f"board-blind move sequences on {EPISODES} held-out Sokoban states (eval.seed 0)")
-    print("| moves | sequences | each move repeated (Up/Down/Left/Right) | mean | best | "
+    print(f"| moves | sequences | each move repeated ({'/'.join(names)}) | mean | best | "
           "best's rate | best's rate on eval.seed 1 |")
     print("|---:|---:|---|---:|---|---:|---:|")
     for length in (5, 8, 10):
         if length <= 8:
-            seqs = np.array(list(itertools.product(range(4), repeat=length)), np.int32)
+            seqs = np.array(list(itertools.product(range(len(names)), repeat=length)), np.int32)
         else:
-            seqs = np.random.default_rng(0).integers(0, 4, (200_000, length), dtype=np.int32)
+            seqs = np.random.default_rng(0).integers(0, len(names), (200_000, length),
+                                                     dtype=np.int32)
         r = np.concatenate([np.asarray(rates(jnp.asarray(seqs[i:i + 8192])))
                             for i in range(0, len(seqs), 8192)])
         best = seqs[int(np.argmax(r))]
-        repeated = [float(rates(jnp.full((1, length), a, jnp.int32))[0]) for a in range(4)]
+        repeated = [float(rates(jnp.full((1, length), a, jnp.int32))[0]) for a in range(len(names))]
         print(f"| {length} | {len(seqs)} | {' / '.join(f'{100 * x:.1f}%' for x in repeated)} | "
-              f"{100 * r.mean():.1f}% | {' '.join(NAMES[a] for a in best)} | {100 * r.max():.1f}% | "
+              f"{100 * r.mean():.1f}% | {' '.join(names[a] for a in best)} | "
+              f"{100 * r.max():.1f}% | "
               f"{100 * float(other_rate(jnp.asarray(best))):.1f}% |")
 
 
