@@ -33,6 +33,11 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from starpo_jax.hostmem import reexec_with_huge_pages  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_with_huge_pages()  # first: huge pages for XLA's CPU buffers (starpo_jax/hostmem.py)
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -70,6 +70,11 @@ from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from starpo_jax.hostmem import environ_without_huge_pages, reexec_with_huge_pages  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_with_huge_pages()  # first: huge pages for XLA's CPU buffers (starpo_jax/hostmem.py)
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -438,8 +443,10 @@ def against(commit: str, cases: list[tuple[str, list[str]]], extra: list[str],
                       f"{pairs} of {label} ({root}); load average {os.getloadavg()}", flush=True)
                 command = [sys.executable, script, "--config", name, *extra]
                 command += [f"--set={s}" for s in sets]
+                # The older code runs as it did: without the huge pages this one adds.
+                env = os.environ if label == "this" else environ_without_huge_pages(os.environ)
                 done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True,
-                                      env=dict(os.environ, PYTHONPATH=root))
+                                      env=dict(env, PYTHONPATH=root))
                 print(done.stdout, end="", flush=True)
                 runs.setdefault((index, label), []).extend(parse_rows(done.stdout))
     print(f"\nside by side ({pairs} runs each, alternating; load average now "
