@@ -7,6 +7,8 @@ also given as a fraction of the machine's f32 matmul peak measured in the same r
     python experiments/bench/sampler.py            # batches 1, 8, 32, 128 (~15-30 min on 2 cores)
     python experiments/bench/sampler.py --quick    # smoke run (small shapes)
     python experiments/bench/sampler.py --train-only   # only training forward+backward
+    # the same, each side in processes of its own, alternating (the fair ratio: see below)
+    python experiments/bench/sampler.py --train-only --process-per-side
     # the rollout's decode regime (bench/step.py's chunk of 16 rows; the cache has L slots):
     python experiments/bench/sampler.py --generate-only --batches 16 --cache-slots 1732 \
         --cache-dtype bfloat16 --decode-fills 0.25 0.5 1.0
@@ -17,6 +19,9 @@ also given as a fraction of the machine's f32 matmul peak measured in the same r
 
 The torch side loads the weights with the parity tests' reference (tests/helpers/hf_reference.py,
 test-only: run from the repository root with PYTHONPATH=tests, or pass --skip-torch).
+Sharing one process, the two sides slow each other's training rounds (on a 2-core CPU: 0.53x
+in one process against 0.86x with a process per side, docs/performance.md), so
+`--process-per-side` times the training row in alternating child processes, one side each.
 Every timed phase is run once untimed first (compilation, and first touch of fresh memory,
 which is slow on these VMs); the JAX sampler then reuses its KV cache by donation.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -200,6 +206,49 @@ def torch_train_step(model, batch: np.ndarray) -> Callable[[], None]:
     return run
 
 
+def train_batch(vocab: int, train_shape: tuple[int, ...]) -> np.ndarray:
+    """The training row's token ids, [B, L + 1]: the same in every process."""
+    rng = np.random.default_rng(0)
+    return rng.integers(100, vocab, (train_shape[0], train_shape[1] + 1)).astype(np.int32)
+
+
+def train_side(side: str, train_shape: tuple[int, ...], reps: int) -> tuple[float, float]:
+    """(best of `reps` timed fwd+bwd rounds, compile seconds or 0) of one side, alone in this
+    process: a --process-per-side child."""
+    if side == "jax":
+        policy, _ = load_pretrained("smollm2-135m-instruct")
+        compile_s, run = jax_train_step(policy, train_batch(policy.config.vocab_size, train_shape))
+    else:
+        torch.set_num_threads(os.cpu_count() or 1)
+        from helpers.hf_reference import transformers_from_gguf
+        hf_model = transformers_from_gguf(embedded_gguf_path())[0]
+        compile_s = 0.0
+        run = torch_train_step(hf_model.train(),
+                               train_batch(hf_model.config.vocab_size, train_shape))
+    return min(best_times([run], reps)), compile_s
+
+
+def sides_in_processes(args: argparse.Namespace, train_shape: tuple[int, ...],
+                       reps: int) -> tuple[float, float | None, float]:
+    """(jax seconds, torch seconds or None, jax compile seconds) of the training row, each the
+    best over `reps` child processes of that side, started alternately, one round timed in
+    each after its warm-up."""
+    sides = ["jax"] + ([] if args.skip_torch else ["torch"])
+    best: dict[str, float] = {}
+    compile_s = 0.0
+    for _ in range(reps):
+        for side in sides:
+            command = [sys.executable, os.path.abspath(__file__), "--train-side", side,
+                       "--train-shape", *map(str, train_shape), "--reps", "1"]
+            done = subprocess.run(command, check=True, capture_output=True, text=True)
+            line = [x for x in done.stdout.splitlines() if x.startswith("TRAIN_SECONDS")][-1]
+            seconds, compiled = map(float, line.split()[1:])
+            progress(f"train fwd+bwd, {side} alone in its process: {seconds:.2f} s")
+            best[side] = min(best.get(side, seconds), seconds)
+            compile_s = compiled or compile_s
+    return best["jax"], best.get("torch"), compile_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small shapes, one rep: a smoke run")
@@ -210,6 +259,11 @@ def main() -> None:
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--train-only", action="store_true", help="only the fwd+bwd rows")
     parser.add_argument("--generate-only", action="store_true", help="only the generate rows")
+    parser.add_argument("--process-per-side", action="store_true",
+                        help="time the training row in alternating child processes, one side "
+                        "each (--reps of them per side), not both in this one")
+    parser.add_argument("--train-side", choices=("jax", "torch"), default=None,
+                        help=argparse.SUPPRESS)  # a --process-per-side child
     parser.add_argument("--decode-fills", type=float, nargs="+", default=(),
                         help="also time one decode step of each batch with the cache "
                         "(--cache-slots) this full, e.g. 0.25 0.5 1.0")
@@ -238,6 +292,9 @@ def main() -> None:
             parser.error(f"--decode-fills {fill}: a fill is in (0, 1]")
     train_shape = tuple(args.train_shape or ((2, 128) if quick else (8, 512)))
     reps = args.reps or (1 if quick else 2)
+    if args.train_side:
+        print("TRAIN_SECONDS", *train_side(args.train_side, train_shape, reps), flush=True)
+        return
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)
 
@@ -313,10 +370,14 @@ def main() -> None:
             progress(f"{name}: {1e3 * t_step / 4:.1f}")
 
     if not args.generate_only:
-        batch = rng.integers(100, vocab, (train_shape[0], train_shape[1] + 1)).astype(np.int32)
-        compile_s, run_jax = jax_train_step(policy, batch)  # the trainer's weights
-        run_torch = torch_train_step(hf_model.train(), batch) if hf_model is not None else None
-        t_jax, t_torch = best_times([run_jax, run_torch], reps)
+        batch = train_batch(vocab, train_shape)
+        if args.process_per_side:
+            t_jax, t_torch, compile_s = sides_in_processes(args, train_shape, reps)
+        else:
+            compile_s, run_jax = jax_train_step(policy, batch)  # the trainer's weights
+            run_torch = (torch_train_step(hf_model.train(), batch) if hf_model is not None
+                         else None)
+            t_jax, t_torch = best_times([run_jax, run_torch], reps)
         tokens = train_shape[0] * train_shape[1]
         rows.append(
             (
