@@ -228,12 +228,12 @@ def train_side(side: str, train_shape: tuple[int, ...], reps: int) -> tuple[floa
     return min(best_times([run], reps)), compile_s
 
 
-def sides_in_processes(args: argparse.Namespace, train_shape: tuple[int, ...],
+def sides_in_processes(skip_torch: bool, train_shape: tuple[int, ...],
                        reps: int) -> tuple[float, float | None, float]:
     """(jax seconds, torch seconds or None, jax compile seconds) of the training row, each the
     best over `reps` child processes of that side, started alternately, one round timed in
     each after its warm-up."""
-    sides = ["jax"] + ([] if args.skip_torch else ["torch"])
+    sides = ["jax"] + ([] if skip_torch else ["torch"])
     best: dict[str, float] = {}
     compile_s = 0.0
     for _ in range(reps):
@@ -319,7 +319,7 @@ def main() -> None:
     n_params = policy.config.num_params
     vocab = model.config.vocab_size
     hf_model = None
-    if not args.skip_torch:
+    if not args.skip_torch and not (args.train_only and args.process_per_side):
         # The parity tests' reference (tests/helpers: not in the wheel), hence PYTHONPATH=tests.
         from helpers.hf_reference import transformers_from_gguf
         hf_model = transformers_from_gguf(embedded_gguf_path())[0]
@@ -370,10 +370,10 @@ def main() -> None:
             progress(f"{name}: {1e3 * t_step / 4:.1f}")
 
     if not args.generate_only:
-        batch = train_batch(vocab, train_shape)
         if args.process_per_side:
-            t_jax, t_torch, compile_s = sides_in_processes(args, train_shape, reps)
+            t_jax, t_torch, compile_s = sides_in_processes(args.skip_torch, train_shape, reps)
         else:
+            batch = train_batch(vocab, train_shape)
             compile_s, run_jax = jax_train_step(policy, batch)  # the trainer's weights
             run_torch = (torch_train_step(hf_model.train(), batch) if hf_model is not None
                          else None)
