@@ -25,6 +25,11 @@ RUNS=${RUNS:-grpo:0}  # run_solverstart.sh's items: METHOD:SEED[:LR[:MODE[:RANK[
 # sharing the GPU) instead of in order; a lane is items joined by commas, run in order, so its
 # later items (other seeds of the same program) find their compile in the cache (gpu_env.sh):
 #   PARALLEL=1 RUNS="grpo:1:5e-5:mean_std:32,grpo:2:5e-5:mean_std:32 gigpo:0:5e-5:mean_std:32"
+# WARM=1 compiles each lane's first program while the SFT trains: a one-step run of it from the
+# base model (the same shapes as from the SFT start, so the same program) fills JAX's persistent
+# compilation cache, and the lane's real run finds its step and evaluation compiled there.
+# A call on a warm machine whose earlier call trained the SFT ($WORK/sft has a checkpoint) skips
+# it and resumes the lanes' runs where that call stopped them.
 # One step of 4 x 8 leaves the H100 mostly idle (~1 s, latency-bound decoding). Measured once,
 # 8 lanes at once: none finished compiling within 540 s (load average 68 on the machine's 16
 # cores; one alone compiles in ~170 s), so run at most 2-3 lanes.
@@ -40,7 +45,21 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null
 date +%T
 pack=.gpu/pack  # adapters packed earlier (adapters.py pack), carried, or copied to /tmp/gpu_pack
 [ -d "$pack" ] || pack=/tmp/gpu_pack
-if [ -f "$pack/meta.json" ]; then
+warm_pids=()
+if [ "${WARM:-0}" = 1 ] && [ ! -d "$w/sft/checkpoints" ]; then
+    for lane in $RUNS; do
+        first=${lane%%,*}
+        echo "=== compile warm-up: $first, one step from the base model"
+        START="" RUNS_DIR=/tmp/warm STEPS=1 DEADLINE=$((DEADLINE - 70 - SECONDS)) PY=$py \
+            EXTRA="--config.optim.micro_batches=1 --config.optim.remat=true ${RL_EXTRA:-}" \
+            bash results/cpu/pilots/run_solverstart.sh "$first" \
+            > "$w/warm_${first//:/_}.log" 2>&1 &
+        warm_pids+=($!)
+    done
+fi
+if [ -d "$w/sft/checkpoints" ]; then
+    echo "=== SFT start: $w/sft, trained by an earlier call on this machine"
+elif [ -f "$pack/meta.json" ]; then
     echo "=== SFT start: the packed adapters in $pack"
     $py results/cpu/pilots/adapters.py unpack "$pack" "$w/sft" 2>&1 | grep -v WARN
 else
@@ -51,6 +70,10 @@ else
     grep -v WARN "$w/sft.log" | grep -v "^step" | tail -12; date +%T
     $py results/cpu/pilots/adapters.py pack "$w/sft" "$out/pack" 2>&1 | grep -v WARN
     tar czf "$out/sft.tgz" -C "$w" --exclude=checkpoints sft sft.log
+fi
+if [ ${#warm_pids[@]} -gt 0 ]; then
+    wait "${warm_pids[@]}"
+    grep -h "^===\|^step" "$w"/warm_*.log; date +%T
 fi
 echo "=== StarPO-S from it: ${RUNS} (run_solverstart.sh), until $((DEADLINE - 70))s"
 rl() {

@@ -9,13 +9,14 @@
 #   nohup bash results/cpu/pilots/run_solverstart.sh grpo:0 gigpo:0 grpo:0:1e-5 > logs/solverstart.log 2>&1 &
 # STEPS (default 20): the runs' length, in their names too. START: the SFT workdir (default the
 # solver start; START_LABEL names it in the runs' directories, default solverstart: e.g.
-# START=results/cpu/runs/sokoban_sft/seed_0 START_LABEL=formatstart). For gpu_sft.sh: RUNS_DIR
+# START=results/cpu/runs/sokoban_sft/seed_0 START_LABEL=formatstart; set and empty: the base
+# model, as gpu_sft.sh's compile warm-ups use). For gpu_sft.sh: RUNS_DIR
 # (where the runs go; default here), DEADLINE (seconds into this script after which no run
 # starts and the current one is stopped with SIGTERM, saving), EXTRA (more run.py arguments),
 # PY (the python; default python).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-start=${START:-$here/sokoban_sft_gpu_solver100/seed_0}
+start=${START-$here/sokoban_sft_gpu_solver100/seed_0}
 start_label=${START_LABEL:-solverstart}
 root=${RUNS_DIR:-$here}
 steps=${STEPS:-20}
