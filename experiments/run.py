@@ -23,10 +23,12 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from starpo_jax.compile_cache import use_compile_cache  # noqa: E402
 from starpo_jax.hostmem import reexec_with_huge_pages  # noqa: E402
 
 if __name__ == "__main__":
     reexec_with_huge_pages()  # first: huge pages for XLA's CPU buffers (starpo_jax/hostmem.py)
+    use_compile_cache()  # before JAX loads: starpo_jax/compile_cache.py
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

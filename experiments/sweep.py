@@ -26,10 +26,12 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from starpo_jax.compile_cache import use_compile_cache  # noqa: E402
 from starpo_jax.hostmem import reexec_with_huge_pages  # noqa: E402
 
 if __name__ == "__main__":
     reexec_with_huge_pages()  # first: huge pages for XLA's CPU buffers (starpo_jax/hostmem.py)
+    use_compile_cache()  # before JAX loads: starpo_jax/compile_cache.py
 
 from starpo_jax.run import cli  # noqa: E402
 from starpo_jax.analysis import sweep as lib  # noqa: E402
