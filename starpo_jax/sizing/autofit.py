@@ -110,7 +110,21 @@ DECODE_ROW = 1.27  # per row and step: its matmuls
 DECODE_SLOT = 2.85e-3  # per row, step and filled float32 cache slot: attention
 DECODE_WIDE = 0.25  # attention's per-slot cost grows by this per doubling of rows beyond 32
 TRAIN_TOKEN = 6.3  # per buffer position through forward and backward (a forward: a third)
-SMOLLM2 = {"weights": 134_479_872, "slot": 30 * 3 * 64}  # matmul_weights; layers x kv heads x hd
+# The update's slices on this CPU (the CPU suite's Sokoban GRPO step: 8 kept rows, L = 1288, a
+# 208-token shared prompt, so 8848 / 4528 / 2368 / 1288 positions a slice in 1 / 2 / 4 / 8
+# micro-batches as counted here; results/cpu/bench/update_micro_batches.txt and
+# docs/performance.md): without remat a slice of many positions costs more per position (its
+# stored activations: 75.1 / 66.3 / 75.0 s in 2 / 4 / 8 micro-batches, ~23% more per position
+# at 4528 than at 2368 or 1288); with remat the same update took 50.1 / 58.2 / 63.3 s in 1 / 2
+# / 4 micro-batches, the recomputed forward no dearer than the stored activations' traffic once
+# slices are large. So between SLICE_FAST and SLICE_SLOW positions (bounds scaled inversely with
+# the MLP's width, whose activations are the largest a position has) a slice without remat
+# gains up to SLICE_EXCESS per position, and remat's extra forward (a third) fades to nothing.
+SLICE_FAST = 2368
+SLICE_SLOW = 4528
+SLICE_EXCESS = 0.23
+SMOLLM2 = {"weights": 134_479_872, "slot": 30 * 3 * 64,  # matmul_weights; layers x kv heads x hd
+           "mlp": 1536}  # intermediate_size
 
 
 def relative_time(shape: StepShape, train: TrainConfig, s: Settings) -> float:
@@ -122,8 +136,10 @@ def relative_time(shape: StepShape, train: TrainConfig, s: Settings) -> float:
     chunks (it is the one inexact choice). Update and old log-probs: the positions the row
     slices compute, a group's shared first prompt once per slice that holds the group (the
     shared-prefix plans of shared_prefix.slice_plans), so micro-batches that keep whole groups
-    together cost nothing and smaller ones recompute the prompt; remat adds a forward (4/3);
-    a PPO step runs it all for the critic too. Settings of equal time rank by memory (options).
+    together cost nothing and smaller ones recompute the prompt; a slice of many positions
+    costs more per position without remat, and remat's extra forward (4/3) fades as slices
+    grow (slice_cost); a PPO step runs it all for the critic too. Settings of equal time rank
+    by memory (options).
     """
     m = shape.model
     weights = matmul_weights(m) / SMOLLM2["weights"]
@@ -139,10 +155,22 @@ def relative_time(shape: StepShape, train: TrainConfig, s: Settings) -> float:
     pieces = s.micro_batches
     prepare = pieces * _positions(prepare_plan, train.kept_rows // pieces, shape.length)
     rounds = train.minibatches * train.optim.ppo_epochs
-    update = rounds * pieces * _positions(update_plan, shape.minibatch_rows // pieces,
-                                          shape.length)
-    train_work = (prepare / 3 + update * (4 / 3 if s.remat else 1.0)) * train.optim.rollout_reuse
+    update = rounds * pieces * slice_cost(
+        m, _positions(update_plan, shape.minibatch_rows // pieces, shape.length), s.remat)
+    train_work = (prepare / 3 + update) * train.optim.rollout_reuse
     return rollout + (2 if shape.critic else 1) * weights * TRAIN_TOKEN * train_work
+
+
+def slice_cost(model: ModelConfig, positions: int, remat: bool) -> float:
+    """One update slice of `positions` positions through forward and backward, in positions of
+    a small slice without remat (SLICE_FAST, SLICE_SLOW, SLICE_EXCESS): a large slice costs up
+    to 1 + SLICE_EXCESS per position without remat; remat's extra forward (4/3 at small
+    slices) fades to nothing at large ones."""
+    scaled = positions * model.intermediate_size / SMOLLM2["mlp"]
+    large = min(max((scaled - SLICE_FAST) / (SLICE_SLOW - SLICE_FAST), 0.0), 1.0)
+    if remat:
+        return positions * (1.0 + (1.0 - large) / 3)
+    return positions * (1.0 + SLICE_EXCESS * large)
 
 
 def _positions(plan: PrefixPlan | None, rows: int, length: int) -> int:
