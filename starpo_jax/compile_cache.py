@@ -5,9 +5,9 @@ points JAX's persistent compilation cache at `$STARPO_JAX_CACHE/xla` (default
 `~/.cache/starpo_jax/xla`, beside the embedded model's file) with a size bound (least recently
 used entries go first), through the environment variables JAX reads when it is imported. So
 `--resume`, another seed, a sweep's next point and evaluate.py on a run's workdir load the
-programs the first run compiled: on an H200 a StarPO step of SmolLM2 compiled in ~240 s and
-loaded in ~50 s the second time (results/cpu/pilots/README.md); docs/performance.md has this
-CPU's figures. JAX keys an entry by the program, its compile options and the JAX / XLA
+programs the first run compiled: on an H200, StarPO steps of SmolLM2 whose program another
+process had compiled started in 52 s, against ~240 s for the processes that compiled it beside
+an SFT run (results/cpu/pilots/README.md); docs/performance.md has this CPU's figures. JAX keys an entry by the program, its compile options and the JAX / XLA
 versions, so a loaded program computes what a fresh compile would; a program with host
 callbacks is not cached.
 

@@ -84,7 +84,7 @@ def test_the_update_time_counts_a_groups_prompt_once_per_slice(pieces):
 def test_large_slices_the_model_fits_the_measured_update_sweep():
     # The CPU suite's Sokoban GRPO update (8 kept rows of one group, L = 1288, a 208-token
     # prompt) measured 75.1 / 66.3 / 75.0 s in 2 / 4 / 8 micro-batches without remat (slices of
-    # 4 / 2 / 1 rows; results/cpu/bench/update_micro_batches.txt), and 50.1 / 58.2 / 63.3 s in 1
+    # 4 / 2 / 1 rows; results/cpu/bench/update_micro_batches.txt), and 50.1 / 59.5 / 63.3 s in 1
     # / 2 / 4 with remat (docs/performance.md): the model's ratios without remat within 8%, and
     # the measured order of the settings tried, one slice with remat first (autofit chose 2
     # micro-batches without remat before it modelled the slices).

@@ -115,7 +115,7 @@ TRAIN_TOKEN = 6.3  # per buffer position through forward and backward (a forward
 # micro-batches as counted here; results/cpu/bench/update_micro_batches.txt and
 # docs/performance.md): without remat a slice of many positions costs more per position (its
 # stored activations: 75.1 / 66.3 / 75.0 s in 2 / 4 / 8 micro-batches, ~23% more per position
-# at 4528 than at 2368 or 1288); with remat the same update took 50.1 / 58.2 / 63.3 s in 1 / 2
+# at 4528 than at 2368 or 1288); with remat the same update took 50.1 / 59.5 / 63.3 s in 1 / 2
 # / 4 micro-batches, the recomputed forward no dearer than the stored activations' traffic once
 # slices are large. So between SLICE_FAST and SLICE_SLOW positions (bounds scaled inversely with
 # the MLP's width, whose activations are the largest a position has) a slice without remat
