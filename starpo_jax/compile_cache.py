@@ -30,8 +30,9 @@ MAX_BYTES = 2 * 2**30
 
 
 def cache_root(environ: MutableMapping[str, str] | None = None) -> Path:
-    """$STARPO_JAX_CACHE, else ~/.cache/starpo_jax (models.gguf.cache_dir's rule, without
-    importing the model code)."""
+    """The project's cache directory: $STARPO_JAX_CACHE, else ~/.cache/starpo_jax (the one
+    rule; models.gguf.cache_dir keeps the tokenizers and the embedded model's file there).
+    Here, at the package's root, so that a command reads it before JAX loads."""
     environ = os.environ if environ is None else environ
     return Path(environ.get("STARPO_JAX_CACHE") or Path.home() / ".cache" / "starpo_jax")
 

@@ -30,6 +30,7 @@ from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from gguf.quants import dequantize
 from transformers import PreTrainedTokenizerFast
 
+from starpo_jax.compile_cache import cache_root
 from starpo_jax.models.config import ModelConfig
 from starpo_jax.models.decoder import Decoder
 from starpo_jax.models.params import model_from_hf_tensors
@@ -262,9 +263,10 @@ def read_gguf_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[
 
 
 def cache_dir() -> Path:
-    """Where fetched files are kept: $STARPO_JAX_CACHE, else ~/.cache/starpo_jax (the parsed
-    tokenizers here, the embedded model's extracted .gguf: models/embedded.py)."""
-    return Path(os.environ.get("STARPO_JAX_CACHE") or Path.home() / ".cache" / "starpo_jax")
+    """Where fetched files are kept (compile_cache.cache_root: $STARPO_JAX_CACHE, else
+    ~/.cache/starpo_jax): the parsed tokenizers here, the embedded model's extracted .gguf
+    (models/embedded.py), the commands' compiled programs (xla/)."""
+    return cache_root()
 
 
 @functools.lru_cache(maxsize=4)
