@@ -248,19 +248,42 @@ def test_train_config_round_trip():
     assert (config.steps, config.model.source) == (7, "tiny-random")
 
 
-def test_long_step_prints_its_phases(capsys):
+def _has_host_callbacks(exp) -> bool:
+    """Whether exp's compiled step calls back into Python (what JAX's persistent compilation
+    cache never keeps)."""
+    hlo = exp.train_step.lower(exp.state, exp.key).as_text()
+    return "callback" in hlo
+
+
+def test_phase_marks_only_where_a_step_may_run_long():
+    """Marks (host callbacks) go into a step only when autofit's time model puts it at a
+    quarter of progress_after or more, or cannot say; never with progress_after = 0."""
+    from starpo_jax.run.experiment import PROGRESS_MARGIN, _phase_clock
+
+    train = api.train_config(tiny_config())
+    edge = PROGRESS_MARGIN * 60
+    assert _phase_clock(60, 5, train, None, estimate=edge * 0.99) is None
+    assert _phase_clock(60, 5, train, None, estimate=edge).after == 60
+    assert _phase_clock(60, 5, train, None, estimate=None).after == 60  # no model: marks
+    assert _phase_clock(0, 5, train, None, estimate=1e9) is None
+    exp = tiny_experiment()  # a tiny step: milliseconds by the model
+    assert exp.estimated_step_seconds() < edge
+    assert exp.progress is None and not _has_host_callbacks(exp)
+
+
+def test_long_step_prints_its_phases(capsys, monkeypatch):
     """A step past progress_after seconds says where it is at each phase's end; a shorter one
     prints nothing."""
-    exp = tiny_experiment()
-    exp.state = exp.fresh_state()
-    try:
-        exp.progress.after = 1e9  # no step is that long
-        exp.step()
-        assert capsys.readouterr().out == ""
-        exp.progress.after = 0.0  # every step is long enough
-        exp.step()
-    finally:
-        exp.progress.after = tiny_config().progress_after
+    from starpo_jax.run import experiment
+
+    monkeypatch.setattr(experiment, "PROGRESS_MARGIN", 0.0)  # marks even in a tiny step
+    exp = api.build(tiny_config())
+    assert exp.progress is not None and _has_host_callbacks(exp)
+    exp.progress.after = 1e9  # no step is that long
+    exp.step()
+    assert capsys.readouterr().out == ""
+    exp.progress.after = 0.0  # every step is long enough
+    exp.step()
     lines = capsys.readouterr().out.splitlines()
     total = tiny_config().steps
     assert [line.split(" done at ")[0] for line in lines] == [

@@ -100,7 +100,8 @@ class Experiment:
         compile."""
         if train not in self._steps:
             after = self.config.progress_after if self.progress is None else self.progress.after
-            clock = _phase_clock(after, self.config.steps, train, self.mesh)
+            clock = _phase_clock(after, self.config.steps, train, self.mesh,
+                                 self.estimated_step_seconds(train))
             self._steps[train] = clock, make_train_step(
                 train, self.env, self.codec, model=self.model, mesh=self.mesh, phase_clock=clock,
                 eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
@@ -130,25 +131,36 @@ class Experiment:
         held-out loss)."""
         return build_evaluator(self)
 
-    def estimated_step_seconds(self) -> float | None:
+    def estimated_step_seconds(self, train: TrainConfig | None = None) -> float | None:
         """autofit's step-time model (fitted to a 2-core CPU's measured phases, every reply at
-        its full budget) for this step with its current settings, in seconds; None where the
-        model does not apply (a host env's rollout steps Python envs, a multi-device mesh, an
-        accelerator)."""
+        its full budget) for the step of `train` (default: the current one), in seconds; None
+        where the model does not apply (a host env's rollout steps Python envs, a multi-device
+        mesh, an accelerator)."""
         if (self.config.env.name in envs_host.names() or self.mesh is not None
                 or jax.default_backend() != "cpu"):
             return None
-        return autofit.relative_time(step_shape(self), self.train,
-                                     autofit.Settings.of(self.train)) / 1e3
+        train = self.train if train is None else train
+        return autofit.relative_time(step_shape(self, train), train,
+                                     autofit.Settings.of(train)) / 1e3
 
 
-def _phase_clock(after: float, steps: int, train: TrainConfig,
-                 mesh: jax.sharding.Mesh | None) -> StepProgress | None:
-    # Each mark is a host round trip inside the step: kept to CPU runs, whose steps take
+# A step whose modelled time (autofit's, fitted to a slow 2-core CPU) is under this share of
+# progress_after gets no phase marks: it would print no progress line even on a machine this
+# many times slower than the model's, and a program without host callbacks is one JAX's
+# persistent compilation cache keeps (compile_cache.py), so --resume, evaluate.py and the
+# next point of a sweep load the step instead of compiling it.
+PROGRESS_MARGIN = 0.25
+
+
+def _phase_clock(after: float, steps: int, train: TrainConfig, mesh: jax.sharding.Mesh | None,
+                 estimate: float | None = None) -> StepProgress | None:
+    # Each mark is a host round trip inside the step: kept to CPU runs whose steps may take
     # minutes; on accelerators the step stays free of callbacks.
-    if after and mesh is None and jax.default_backend() == "cpu":
-        return StepProgress(after, train.rollout.chunks, steps)
-    return None
+    if not after or mesh is not None or jax.default_backend() != "cpu":
+        return None
+    if estimate is not None and estimate < PROGRESS_MARGIN * after:
+        return None
+    return StepProgress(after, train.rollout.chunks, steps)
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
@@ -202,8 +214,8 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     exp = Experiment(config=full, train=train, env=env, model=model, tokenizer=tok, codec=codec,
                      state=None, train_step=None, key=key, init_key=init_key, mesh=mesh,
                      auto=auto_knobs(full))
-    exp.use(train)
     exp.state = exp.fresh_state()
+    exp.use(train)
     release_freed_heap()  # what loading the weights freed
     return exp
 
@@ -262,12 +274,12 @@ def pin_memory(exp: Experiment, settings: dict[str, Any]) -> None:
     exp.auto = ()
 
 
-def step_shape(exp: Experiment) -> autofit.StepShape:
-    """What autofit's estimates need of `exp`'s step (its current TrainConfig)."""
-    return autofit.StepShape.of(exp.train, exp.model.config,
-                                buffer_length(exp.codec, exp.train.rollout),
+def step_shape(exp: Experiment, train: TrainConfig | None = None) -> autofit.StepShape:
+    """What autofit's estimates need of `exp`'s step of `train` (default: its current one)."""
+    train = exp.train if train is None else train
+    return autofit.StepShape.of(train, exp.model.config, buffer_length(exp.codec, train.rollout),
                                 sum(x.nbytes for x in jax.tree.leaves(exp.state)),
-                                shared_width(exp.train, exp.codec, exp.mesh))
+                                shared_width(train, exp.codec, exp.mesh))
 
 
 def _choose(exp: Experiment, free: int, where: str,

@@ -126,6 +126,9 @@ def default_config() -> ConfigDict:
     progress_after: seconds into a step after which each phase's end (rollout chunk, rollout,
     old log-probs, update) prints a progress line (starpo_jax.phases; 0 = never, and no marks
     are compiled in; single-device CPU runs only: on accelerators the step has no host calls).
+    Nor are marks compiled into a step that autofit's time model puts under a quarter of it
+    (experiment.PROGRESS_MARGIN): such a step, free of host calls, is kept by JAX's persistent
+    compilation cache, so a resumed or repeated run loads it instead of compiling it.
     """
     c = ConfigDict()
     c.seed = 0
