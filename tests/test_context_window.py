@@ -179,7 +179,9 @@ def test_bad_values_are_named_in_one_line():
 
 # ---- the JAX rollout ----
 
-@pytest.mark.parametrize("k", [1, 2, -1])
+# CI: windows of 1 and 2 of 3 turns; the unlimited one (another compiled rollout) in the slow
+# tier (README), and test_an_unlimited_window_is_the_full_conversation below in CI.
+@pytest.mark.parametrize("k", [1, 2, pytest.param(-1, marks=pytest.mark.slow)])
 def test_limited_multi_turn_samples_are_the_originals_messages(k):
     """Each turn's sample (what the model saw, then its reply) is the chat template of the
     original's limited window, token for token; the loss is on that turn's reply only."""
@@ -266,7 +268,7 @@ def _single_turn_demo(k: int):
     return jax.device_get(out), config, tok, env, codec
 
 
-@pytest.mark.parametrize("k", [2, -1])
+@pytest.mark.parametrize("k", [2, pytest.param(-1, marks=pytest.mark.slow)])  # slow tier: README
 def test_jax_single_turn_prompts_are_the_originals_messages(k):
     """Each turn's window is the tokenizer's encoding of apply_chat_template of the original's
     single_turn messages (the earlier replies as their decoded text), whole: not spliced."""
@@ -300,7 +302,7 @@ def test_jax_single_turn_prompts_are_the_originals_messages(k):
 
 # ---- the host rollout ----
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2])  # slow tier: README
 def test_host_limited_multi_turn_equals_the_compiled_one(k):
     config = _config("limited_multi_turn", k, shared_env_randomness=True)
     want, got, stats = _both("sokoban", config, jax.random.PRNGKey(5),
