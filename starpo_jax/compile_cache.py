@@ -7,9 +7,11 @@ used entries go first), through the environment variables JAX reads when it is i
 `--resume`, another seed, a sweep's next point and evaluate.py on a run's workdir load the
 programs the first run compiled: on an H200, StarPO steps of SmolLM2 whose program another
 process had compiled started in 52 s, against ~240 s for the processes that compiled it beside
-an SFT run (results/cpu/pilots/README.md); docs/performance.md has this CPU's figures. JAX keys an entry by the program, its compile options and the JAX / XLA
-versions, so a loaded program computes what a fresh compile would; a program with host
-callbacks is not cached.
+an SFT run (results/cpu/pilots/README.md); docs/performance.md has this CPU's figures. JAX
+keys an entry by the program, its compile options and the JAX / XLA versions, so a loaded
+program computes what a fresh compile would; a program with host callbacks is not cached (so
+the train step's progress marks go only into steps that may run long:
+run/experiment.PROGRESS_MARGIN).
 
 A cache directory chosen already (`JAX_COMPILATION_CACHE_DIR`, the test suite's) is kept;
 `STARPO_JAX_COMPILE_CACHE=0` turns it off. The benchmarks do not call this: they time compiles.

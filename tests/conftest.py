@@ -10,9 +10,10 @@ import tempfile
 import pytest
 
 # Test files in descending order of their measured time (per-file sums of the test times in a
-# CI run's `--junitxml` report, the slow 2-core machine, 2026-11-28), handed to the xdist workers first (`--no-loadscope-reorder` in pyproject.toml
-# keeps this order): the last file a worker takes is then a short one and the two workers end
-# together. Files not listed follow in collection order.
+# CI run's `--junitxml` report, the slow 2-core machine, 2026-11-28), handed to the xdist
+# workers first (`--no-loadscope-reorder` in pyproject.toml keeps this order): the last file a
+# worker takes is then a short one and the two workers end together. Files not listed follow
+# in collection order.
 HEAVY_FIRST = ("test_context_window.py", "test_sft.py", "test_faults.py", "test_first_hour.py",
                "test_notebooks.py", "test_demonstrations_text.py", "test_text_free.py",
                "test_sweep.py", "test_shared_prefix.py", "test_evaluation.py", "test_faithful.py",
