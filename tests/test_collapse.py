@@ -57,7 +57,8 @@ def host_scores(model, turn: FirstTurn) -> np.ndarray:
     for k, row in enumerate(rows):
         ids[k, :len(row)] = row
     mask = np.arange(W + R) < np.array([len(r) for r in rows])[:, None]
-    logits = np.asarray(model(jnp.asarray(ids), attention_mask=jnp.asarray(mask)), np.float64)
+    forward = nnx.jit(lambda m, i, a: m(i, attention_mask=a))  # one program, not op by op
+    logits = np.asarray(forward(model, jnp.asarray(ids), jnp.asarray(mask)), np.float64)
     z = logits / TEMPERATURE
     logp = z - (z.max(-1, keepdims=True)
                 + np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)))
