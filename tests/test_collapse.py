@@ -24,6 +24,7 @@ from starpo_jax.config import CollapseConfig, RolloutConfig, TrainConfig  # noqa
 from starpo_jax.models import load_pretrained  # noqa: E402
 from starpo_jax.rollout.jax_env import rollout  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
+from helpers import forward  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
 from test_rollout import tiny_bandit_setup  # noqa: E402
 
@@ -57,8 +58,7 @@ def host_scores(model, turn: FirstTurn) -> np.ndarray:
     for k, row in enumerate(rows):
         ids[k, :len(row)] = row
     mask = np.arange(W + R) < np.array([len(r) for r in rows])[:, None]
-    forward = nnx.jit(lambda m, i, a: m(i, attention_mask=a))  # one program, not op by op
-    logits = np.asarray(forward(model, jnp.asarray(ids), jnp.asarray(mask)), np.float64)
+    logits = np.asarray(forward.logits(model, jnp.asarray(ids), jnp.asarray(mask)), np.float64)
     z = logits / TEMPERATURE
     logp = z - (z.max(-1, keepdims=True)
                 + np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)))

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 from gguf import GGMLQuantizationType as Q
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.initialization import no_init_weights
@@ -31,6 +30,7 @@ from starpo_jax.models.gguf import (
     read_gguf_checkpoint,
     unpermute_rotary_rows,
 )
+from helpers import forward
 from helpers.hf_reference import transformers_from_gguf
 from starpo_jax.models.params import model_from_hf_tensors
 
@@ -69,11 +69,6 @@ def ours(smollm_path, checkpoint):
     return model_from_hf_tensors(
         ModelConfig.from_hf_config(hf_config), tensors
     ), load_gguf_tokenizer(smollm_path)
-
-
-@nnx.jit
-def _logits(model, ids, mask):
-    return model(ids, attention_mask=mask)
 
 
 def test_tensors_match_transformers_exactly(checkpoint, reference):
@@ -121,7 +116,7 @@ def test_logits_match_transformers_on_a_ragged_batch(ours, reference):
     mask = np.zeros((len(encoded), length), bool)
     for row, tokens in enumerate(encoded):  # right padding: rows of different lengths
         ids[row, : len(tokens)], mask[row, : len(tokens)] = tokens, True
-    logits = np.asarray(_logits(model, ids, mask))
+    logits = np.asarray(forward.logits(model, ids, mask))
     worst = 0.0
     for row, tokens in enumerate(encoded):
         with torch.no_grad():
@@ -621,7 +616,7 @@ def test_tiny_random_is_small_deterministic_and_uses_the_smollm2_vocabulary():
     ids = jnp.asarray([tokenizer.encode("<|im_start|>user\nhi<|im_end|>")])
     mask = jnp.ones(ids.shape, bool)
     logits_a, logits_b, logits_c = (
-        np.asarray(_logits(m, ids, mask)) for m in (model_a, model_b, model_c)
+        np.asarray(forward.logits(m, ids, mask)) for m in (model_a, model_b, model_c)
     )
     np.testing.assert_array_equal(logits_a, logits_b)
     assert not np.allclose(logits_a, logits_c)

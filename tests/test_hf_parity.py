@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -25,6 +24,8 @@ from transformers import (
 
 from starpo_jax.models import load_pretrained
 from starpo_jax.models.params import load_hf_directory, model_from_hf_tensors, read_safetensors
+
+from helpers import forward
 
 SMALL = dict(
     vocab_size=300,
@@ -53,11 +54,6 @@ def _save_hf_model(
     kwargs = {"max_shard_size": shard} if shard else {}
     model.save_pretrained(directory, **kwargs)
     return model
-
-
-@nnx.jit
-def _forward(model, ids, mask):
-    return model(ids, attention_mask=mask)
 
 
 def _ragged_batch(vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -95,7 +91,7 @@ def test_logits_match_transformers(tmp_path, family, config, shard):
         want = hf_model(
             torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64))
         ).logits
-    got = np.asarray(_forward(model, jnp.asarray(ids), jnp.asarray(mask)))
+    got = np.asarray(forward.logits(model, jnp.asarray(ids), jnp.asarray(mask)))
     diff = np.abs(got - want.numpy())[mask]
     assert diff.max() <= 1e-4, f"max abs logit diff {diff.max():.2e}"
 

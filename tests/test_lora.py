@@ -28,6 +28,7 @@ from starpo_jax.models.lora import (adapted, adapted_config, base_config,  # noq
                                     merged_params, split_trainable, with_lora)
 from starpo_jax.rollout.jax_env import Rollout  # noqa: E402
 from starpo_jax.train.step import init_train_state, make_train_fns  # noqa: E402
+from helpers import forward  # noqa: E402
 from helpers.tiny import tiny_config  # noqa: E402
 from test_decoder import TINY, _numpy_forward, _random_model  # noqa: E402
 
@@ -42,11 +43,6 @@ def _random_adapters(model: Decoder, seed: int) -> Decoder:
     adapters = jax.tree.map(
         lambda x: jnp.asarray(0.2 * rng.standard_normal(x.shape), x.dtype), adapters)
     return nnx.merge(graphdef, adapters, rest)
-
-
-@nnx.jit
-def _logits(model: Decoder, ids: jax.Array) -> jax.Array:
-    return model(ids)
 
 
 def _lora(model: Decoder, seed: int = 1, **kwargs) -> Decoder:
@@ -83,7 +79,7 @@ def test_lora_model_matches_numpy_forward_of_merged_weights():
     for name, value in merged_layers.items():
         getattr(reference.layers, name)[...] = jnp.asarray(value, jnp.float32)
     ids = np.array([[5, 17, 3, 60, 2, 44, 9]])
-    got = _logits(model, jnp.asarray(ids))
+    got = forward.logits(model, jnp.asarray(ids))
     want = _numpy_forward(reference, ids[0], np.arange(ids.shape[1], dtype=np.float64))
     assert np.abs(want - _numpy_forward(base, ids[0], np.arange(7.0))).max() > 0.1
     np.testing.assert_allclose(got[0], want, atol=2e-4, rtol=1e-4)
@@ -92,7 +88,7 @@ def test_lora_model_matches_numpy_forward_of_merged_weights():
     nnx.replace_by_pure_dict(plain_state,
                              merged_params(nnx.to_pure_dict(nnx.state(model)), model.config))
     plain = nnx.merge(nnx.graphdef(base), plain_state)
-    np.testing.assert_allclose(_logits(plain, jnp.asarray(ids)), got, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(forward.logits(plain, jnp.asarray(ids)), got, atol=2e-5, rtol=1e-5)
 
 
 def test_fresh_lora_model_equals_its_base():
@@ -100,7 +96,7 @@ def test_fresh_lora_model_equals_its_base():
     model = _lora(base)
     assert model.config.lora_rank == RANK and base.config.lora_rank == 0
     ids = jnp.array([[5, 17, 3, 60, 2], [1, 2, 3, 4, 8]])
-    np.testing.assert_array_equal(_logits(model, ids), _logits(base, ids))
+    np.testing.assert_array_equal(forward.logits(model, ids), forward.logits(base, ids))
     adapters = nnx.state(model, nnx.LoRAParam)["layers"]
     assert all(np.abs(adapters[f"{n}_lora_a"][...]).max() > 0 for n in LORA_TARGETS)
     assert all(np.abs(adapters[f"{n}_lora_b"][...]).max() == 0 for n in LORA_TARGETS)
@@ -115,7 +111,7 @@ def test_bfloat16_base_keeps_float32_adapters():
     ids = jnp.array([[5, 17, 3, 60, 2]])
     f32 = nnx.merge(nnx.graphdef(model), adapters,
                     jax.tree.map(lambda x: x.astype(jnp.float32), frozen))
-    np.testing.assert_allclose(_logits(model, ids), _logits(f32, ids), atol=1e-6)
+    np.testing.assert_allclose(forward.logits(model, ids), forward.logits(f32, ids), atol=1e-6)
 
 
 def test_gradient_of_the_adapters_forms_no_weight_gradient():
@@ -276,9 +272,9 @@ def test_export_merges_the_adapters(tmp_path):
     exported, _ = load_pretrained(out)
     assert exported.config == base_config(policy.config)
     ids = jnp.array([[5, 17, 3, 60, 2, 44, 9, 1000]])
-    want = _logits(policy, ids)
-    assert np.abs(np.asarray(want - _logits(model, ids))).max() > 0.1
-    np.testing.assert_allclose(_logits(exported, ids), want, atol=1e-5, rtol=1e-5)
+    want = forward.logits(policy, ids)
+    assert np.abs(np.asarray(want - forward.logits(model, ids))).max() > 0.1
+    np.testing.assert_allclose(forward.logits(exported, ids), want, atol=1e-5, rtol=1e-5)
     assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
 
 

@@ -35,6 +35,7 @@ from starpo_jax.rollout.policies import (frozen_lake_values, make_policy, mixed_
                                         sokoban_distances)
 from starpo_jax.rollout.jax_env import group_states, rollout  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
+from helpers import forward  # noqa: E402
 from helpers.tiny import SHORT_TURN, tiny_config  # noqa: E402
 from test_rollout import REPLY_TOKENS, SHORT_TEMPLATE, _replay_row, tiny_bandit_setup  # noqa: E402
 
@@ -319,7 +320,7 @@ def test_sft_loss_is_the_reply_tokens_cross_entropy():
     logits; micro-batches and the shared-prefix forward give the same loss and update."""
     exp = tiny_sft()
     out = exp.demos(jax.random.PRNGKey(0))
-    logits = np.asarray(nnx.jit(lambda m, t: m(t))(exp.model, out.tokens), np.float64)
+    logits = np.asarray(forward.logits(exp.model, out.tokens), np.float64)
     shifted = logits - logits.max(-1, keepdims=True)
     logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     mask = np.asarray(out.loss_mask)
