@@ -9,6 +9,8 @@ also given as a fraction of the machine's f32 matmul peak measured in the same r
     python experiments/bench/sampler.py --train-only   # only training forward+backward
     # the same, each side in processes of its own, alternating (the fair ratio: see below)
     python experiments/bench/sampler.py --train-only --process-per-side
+    # + the JAX side with the training step's own loss (log-probs in chunks, recomputed)
+    python experiments/bench/sampler.py --train-only --process-per-side --jax-losses full trainer
     # the rollout's decode regime (bench/step.py's chunk of 16 rows; the cache has L slots):
     python experiments/bench/sampler.py --generate-only --batches 16 --cache-slots 1732 \
         --cache-dtype bfloat16 --decode-fills 0.25 0.5 1.0
@@ -55,6 +57,7 @@ from starpo_jax.models.embedded import embedded_gguf_path
 from starpo_jax.models.sampler_weights import (SAMPLER_DTYPES, sampler_graphdef,
                                                sampler_params)
 from starpo_jax.rollout.sampling import SamplingOptions, generate_jit
+from starpo_jax.train.forward import logprobs_from_hidden
 
 
 def progress(message: str) -> None:
@@ -172,14 +175,38 @@ def torch_generation(
     return run
 
 
-def jax_train_step(model, batch: np.ndarray) -> tuple[float, Callable[[], None]]:
-    """(compile seconds, a warmed-up call) of loss and gradients; loss = mean next-token CE."""
-    graphdef, params = nnx.split(model)
+#: The JAX side's loss (--jax-losses): "full" materialises log-softmax over the whole vocabulary
+#: at every position, as the torch side's cross-entropy does; "trainer" is the training step's
+#: own path (`train.forward.logprobs_from_hidden`: logits `TRAINER_CHUNK` positions at a time,
+#: recomputed in the backward pass). The same mean next-token cross-entropy either way.
+JAX_LOSSES = ("full", "trainer")
+TRAINER_CHUNK = 128  # the default optim.logit_chunk
 
+
+def train_loss(graphdef: nnx.GraphDef, loss: str = "full") -> Callable[[Any, jax.Array],
+                                                                        jax.Array]:
+    """(params, ids [B, L + 1] int32) -> the mean next-token cross-entropy of ids[:, 1:] given
+    the tokens before, computed as `loss` (one of JAX_LOSSES) says."""
     def loss_fn(params: nnx.State, ids: jax.Array) -> jax.Array:
-        logits = nnx.merge(graphdef, params)(ids[:, :-1])
-        logp = jax.nn.log_softmax(logits, axis=-1)
+        model = nnx.merge(graphdef, params)
+        if loss == "trainer":
+            hidden = model.hidden_states(ids[:, :-1])  # position t - 1 predicts token t
+            b, length = ids.shape
+            targets = jnp.broadcast_to(jnp.arange(length) >= 1, (b, length))
+            logp, _ = logprobs_from_hidden(model, hidden, jnp.zeros((b,), jnp.int32), ids,
+                                           targets, length - 1, TRAINER_CHUNK)
+            return -jnp.mean(logp[:, 1:])
+        logp = jax.nn.log_softmax(model(ids[:, :-1]), axis=-1)
         return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
+
+    return loss_fn
+
+
+def jax_train_step(model, batch: np.ndarray,
+                   loss: str = "full") -> tuple[float, Callable[[], None]]:
+    """(compile seconds, a warmed-up call) of `train_loss` and its gradients."""
+    graphdef, params = nnx.split(model)
+    loss_fn = train_loss(graphdef, loss)
 
     ids = jnp.asarray(batch)
     start = time.perf_counter()
@@ -212,12 +239,14 @@ def train_batch(vocab: int, train_shape: tuple[int, ...]) -> np.ndarray:
     return rng.integers(100, vocab, (train_shape[0], train_shape[1] + 1)).astype(np.int32)
 
 
-def train_side(side: str, train_shape: tuple[int, ...], reps: int) -> tuple[float, float]:
+def train_side(side: str, train_shape: tuple[int, ...], reps: int,
+               loss: str = "full") -> tuple[float, float]:
     """(best of `reps` timed fwd+bwd rounds, compile seconds or 0) of one side, alone in this
-    process: a --process-per-side child."""
+    process: a --process-per-side child. loss: the JAX side's (JAX_LOSSES)."""
     if side == "jax":
         policy, _ = load_pretrained("smollm2-135m-instruct")
-        compile_s, run = jax_train_step(policy, train_batch(policy.config.vocab_size, train_shape))
+        compile_s, run = jax_train_step(
+            policy, train_batch(policy.config.vocab_size, train_shape), loss)
     else:
         torch.set_num_threads(os.cpu_count() or 1)
         from helpers.hf_reference import transformers_from_gguf
@@ -228,25 +257,30 @@ def train_side(side: str, train_shape: tuple[int, ...], reps: int) -> tuple[floa
     return min(best_times([run], reps)), compile_s
 
 
-def sides_in_processes(skip_torch: bool, train_shape: tuple[int, ...],
-                       reps: int) -> tuple[float, float | None, float]:
-    """(jax seconds, torch seconds or None, jax compile seconds) of the training row, each the
-    best over `reps` child processes of that side, started alternately, one round timed in
-    each after its warm-up."""
-    sides = ["jax"] + ([] if skip_torch else ["torch"])
-    best: dict[str, float] = {}
-    compile_s = 0.0
+def sides_in_processes(skip_torch: bool, train_shape: tuple[int, ...], reps: int,
+                       losses: tuple[str, ...]) -> tuple[dict[str, float], float | None,
+                                                         dict[str, float]]:
+    """({JAX loss: seconds}, torch seconds or None, {JAX loss: compile seconds}) of the
+    training rows, each the best over `reps` child processes of that side, started
+    alternately (each JAX loss, then torch), one round timed in each after its warm-up."""
+    sides = [("jax", loss) for loss in losses] + ([] if skip_torch else [("torch", "full")])
+    best: dict[tuple[str, str], float] = {}
+    compile_s: dict[str, float] = {}
     for _ in range(reps):
-        for side in sides:
+        for side, loss in sides:
             command = [sys.executable, os.path.abspath(__file__), "--train-side", side,
-                       "--train-shape", *map(str, train_shape), "--reps", "1"]
+                       "--jax-losses", loss, "--train-shape", *map(str, train_shape),
+                       "--reps", "1"]
             done = subprocess.run(command, check=True, capture_output=True, text=True)
             line = [x for x in done.stdout.splitlines() if x.startswith("TRAIN_SECONDS")][-1]
             seconds, compiled = map(float, line.split()[1:])
-            progress(f"train fwd+bwd, {side} alone in its process: {seconds:.2f} s")
-            best[side] = min(best.get(side, seconds), seconds)
-            compile_s = compiled or compile_s
-    return best["jax"], best.get("torch"), compile_s
+            name = side if side == "torch" else f"jax ({loss} loss)"
+            progress(f"train fwd+bwd, {name} alone in its process: {seconds:.2f} s")
+            best[side, loss] = min(best.get((side, loss), seconds), seconds)
+            if side == "jax":
+                compile_s[loss] = compiled
+    return ({loss: best["jax", loss] for loss in losses}, best.get(("torch", "full")),
+            compile_s)
 
 
 def main() -> None:
@@ -262,6 +296,10 @@ def main() -> None:
     parser.add_argument("--process-per-side", action="store_true",
                         help="time the training row in alternating child processes, one side "
                         "each (--reps of them per side), not both in this one")
+    parser.add_argument("--jax-losses", choices=JAX_LOSSES, nargs="+", default=("full",),
+                        help="the JAX side's loss in the training rows, a row each: full "
+                        "(log-softmax over the whole vocabulary, as torch's) or trainer (the "
+                        "training step's chunked, recomputed log-probs)")
     parser.add_argument("--train-side", choices=("jax", "torch"), default=None,
                         help=argparse.SUPPRESS)  # a --process-per-side child
     parser.add_argument("--decode-fills", type=float, nargs="+", default=(),
@@ -293,7 +331,8 @@ def main() -> None:
     train_shape = tuple(args.train_shape or ((2, 128) if quick else (8, 512)))
     reps = args.reps or (1 if quick else 2)
     if args.train_side:
-        print("TRAIN_SECONDS", *train_side(args.train_side, train_shape, reps), flush=True)
+        print("TRAIN_SECONDS", *train_side(args.train_side, train_shape, reps,
+                                           args.jax_losses[0]), flush=True)
         return
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)
@@ -370,25 +409,26 @@ def main() -> None:
             progress(f"{name}: {1e3 * t_step / 4:.1f}")
 
     if not args.generate_only:
+        losses = tuple(dict.fromkeys(args.jax_losses))
         if args.process_per_side:
-            t_jax, t_torch, compile_s = sides_in_processes(args.skip_torch, train_shape, reps)
+            t_jax, t_torch, compile_s = sides_in_processes(args.skip_torch, train_shape, reps,
+                                                           losses)
         else:
             batch = train_batch(vocab, train_shape)
-            compile_s, run_jax = jax_train_step(policy, batch)  # the trainer's weights
+            compiled = {loss: jax_train_step(policy, batch, loss) for loss in losses}
             run_torch = (torch_train_step(hf_model.train(), batch) if hf_model is not None
                          else None)
-            t_jax, t_torch = best_times([run_jax, run_torch], reps)
+            *times, t_torch = best_times([compiled[loss][1] for loss in losses] + [run_torch],
+                                         reps)
+            t_jax = dict(zip(losses, times))
+            compile_s = {loss: compiled[loss][0] for loss in losses}
         tokens = train_shape[0] * train_shape[1]
-        rows.append(
-            (
-                f"train fwd+bwd {train_shape[0]}x{train_shape[1]}, tok/s",
-                tokens / t_jax,
-                t_torch and tokens / t_torch,
-                "tok/s",
-                6.0 * n_params,
-            )
-        )
-        rows.append(("compile fwd+bwd, s", compile_s, None, "s", 0.0))
+        for loss in losses:
+            rows.append((f"train fwd+bwd {train_shape[0]}x{train_shape[1]} (jax: {loss} loss), "
+                         "tok/s", tokens / t_jax[loss], t_torch and tokens / t_torch, "tok/s",
+                         6.0 * n_params))
+        for loss in losses:
+            rows.append((f"compile fwd+bwd ({loss} loss), s", compile_s[loss], None, "s", 0.0))
 
     print(
         f"\nSmolLM2-135M ({n_params / 1e6:.1f} M params, float32). f32 matmul peak: "
