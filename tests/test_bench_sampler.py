@@ -1,10 +1,6 @@
 """experiments/bench/sampler.py's training rows: the JAX side's two losses (--jax-losses) are the
 same mean next-token cross-entropy, value and gradient, so their timings compare like work."""
 
-import importlib
-import sys
-from pathlib import Path
-
 import jax
 import numpy as np
 import optax
@@ -12,18 +8,14 @@ import pytest
 from flax import nnx
 
 from helpers.forward import logits as full_logits
+from helpers.scripts import bench_module
 from starpo_jax.models import load_pretrained
-
-BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
 
 @pytest.fixture(scope="module")
 def sampler():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("sampler")
-    finally:
-        sys.path.remove(str(BENCH))
+    with bench_module("sampler") as module:
+        yield module
 
 
 def test_trainer_loss_is_the_full_cross_entropy(sampler):

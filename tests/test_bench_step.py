@@ -1,22 +1,15 @@
 """experiments/bench/step.py's side-by-side mode: the rows it prints are read back (also an older
 commit's, printed by its own copy of the script), and --suite's matrix is issue 32's target 1."""
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
+from helpers.scripts import bench_module
 
 
 @pytest.fixture(scope="module")
 def step():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("step")
-    finally:
-        sys.path.remove(str(BENCH))
+    with bench_module("step") as module:
+        yield module
 
 
 def _row(**changes):
