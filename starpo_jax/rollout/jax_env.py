@@ -36,6 +36,7 @@ columns t * W .. (t + 1) * W of tokens [B, T * W] (`sample_width`), `turn_length
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Callable
 
 import flax.struct
@@ -174,7 +175,22 @@ def turn_samples(out: Rollout) -> Rollout:
 
 
 def prompt_widths(codec: Codec) -> tuple[int, int]:
-    """Static padded widths of the first prompt and of a later environment message."""
+    """Static padded widths of the first prompt and of a later environment message (traced
+    once per codec object: building a run and tracing its step ask for them several times)."""
+    known = _WIDTHS.get(id(codec))
+    if known is not None and known[0]() is codec:
+        return known[1]
+    widths = _prompt_widths(codec)
+    _WIDTHS[id(codec)] = (weakref.ref(codec, lambda _, k=id(codec): _WIDTHS.pop(k, None)),
+                          widths)
+    return widths
+
+
+#: id(codec) -> (a weak reference to it, its prompt widths); an entry leaves with its codec.
+_WIDTHS: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
+
+
+def _prompt_widths(codec: Codec) -> tuple[int, int]:
     symbols = codec.blank_symbols()
     first = jax.eval_shape(codec.first_prompt, symbols, jnp.int32(0))[0].shape[-1]
     later = jax.eval_shape(codec.next_prompt, jnp.int32(2), jnp.float32(0), symbols,
