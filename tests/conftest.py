@@ -14,11 +14,12 @@ import pytest
 # workers first (`--no-loadscope-reorder` in pyproject.toml keeps this order): the last file a
 # worker takes is then a short one and the two workers end together. Files not listed follow
 # in collection order.
-HEAVY_FIRST = ("test_context_window.py", "test_sft.py", "test_faults.py", "test_first_hour.py",
+HEAVY_FIRST = ("test_sft.py", "test_context_window.py", "test_first_hour.py",
                "test_notebooks.py", "test_demonstrations_text.py", "test_text_free.py",
-               "test_sweep.py", "test_shared_prefix.py", "test_evaluation.py", "test_faithful.py",
-               "test_filtering.py", "test_credit.py", "test_run.py", "test_host_rollout.py",
-               "test_gguf.py", "test_text_env_states.py", "test_train.py", "test_rollout.py",
+               "test_sweep.py", "test_shared_prefix.py", "test_faults.py", "test_evaluation.py",
+               "test_faithful.py", "test_filtering.py", "test_credit.py", "test_run.py",
+               "test_host_rollout.py", "test_gguf.py", "test_text_env_states.py", "test_train.py",
+               "test_rollout.py",
                "test_parse_hostile.py", "test_text_parse.py", "test_api.py", "test_export.py",
                "test_autofit.py", "test_countdown.py", "test_sampling.py", "test_registry.py",
                "test_decoder.py", "test_bad_inputs.py", "test_memory.py",

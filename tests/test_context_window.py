@@ -436,7 +436,8 @@ def test_limited_multi_turn_train_step():
     _check_train_step(_train_config(config), out, _setup("sokoban", "nothink", FORCED)[3])
 
 
-def test_single_turn_train_step():
+@pytest.mark.slow  # another compiled rollout: the slow tier (README); CI trains the same
+def test_single_turn_train_step():  # single_turn samples from a host rollout (next test)
     out, config = _rollout("single_turn", 2)
     _check_train_step(_train_config(config), out,
                       _setup("sokoban", "nothink", FORCED, True)[3])

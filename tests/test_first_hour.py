@@ -201,6 +201,7 @@ def test_a_stop_is_heard_at_once_inside_a_compiled_call(capsys):
 
 
 @pytest.mark.optimized  # its time is running, not compiling (conftest)
+@pytest.mark.slow  # a run.py process (~45 s): the slow tier; CI keeps the handler's test above
 def test_a_second_ctrl_c_ends_a_run_at_once(tmp_path, config_file):
     workdir = tmp_path / "w"
     process = subprocess.Popen(

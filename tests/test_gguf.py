@@ -52,8 +52,30 @@ def smollm_path() -> Path:
 
 @pytest.fixture(scope="module")
 def reference(smollm_path):
-    """transformers' model and state dict from the same GGUF, by its own dequantising loader."""
+    """transformers' model and state dict from the same GGUF, by its own dequantising loader
+    (~25 s here: the slow tier's test of the real file's tensors)."""
     return transformers_from_gguf(smollm_path)
+
+
+@pytest.fixture(scope="module")
+def reference_config(smollm_path):
+    """transformers' config of the same GGUF, parsed by transformers from its metadata."""
+    return AutoConfig.from_pretrained(smollm_path.parent, gguf_file=smollm_path.name)
+
+
+@pytest.fixture(scope="module")
+def reference_forward(reference_config, checkpoint):
+    """transformers' model of that config holding the tensors read here: the forward's reference.
+    That those tensors are transformers' own dequantisation is checked on synthetic files of
+    every storage type the embedded file uses (CI) and on this file (the slow tier)."""
+    _, tensors = checkpoint
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(reference_config, dtype=torch.float32)
+    result = model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()},
+                                   strict=False)
+    assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}
+    model.tie_weights()
+    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +93,7 @@ def ours(smollm_path, checkpoint):
     ), load_gguf_tokenizer(smollm_path)
 
 
+@pytest.mark.slow  # transformers dequantises the 135M parameters (~25 s): the slow tier (README)
 def test_tensors_match_transformers_exactly(checkpoint, reference):
     _, tensors = checkpoint
     _, expected = reference
@@ -80,9 +103,8 @@ def test_tensors_match_transformers_exactly(checkpoint, reference):
         np.testing.assert_array_equal(value, expected[name].numpy(), err_msg=name)
 
 
-def test_config_matches_transformers(checkpoint, reference):
-    model, _ = reference
-    ref = model.config
+def test_config_matches_transformers(checkpoint, reference_config):
+    ref = reference_config
     hf_config, _ = checkpoint
     config = ModelConfig.from_hf_config(hf_config)
     assert (
@@ -107,9 +129,9 @@ def test_config_matches_transformers(checkpoint, reference):
     assert config.tie_word_embeddings and not config.attention_bias
 
 
-def test_logits_match_transformers_on_a_ragged_batch(ours, reference):
+def test_logits_match_transformers_on_a_ragged_batch(ours, reference_forward):
     model, tokenizer = ours
-    ref_model, _ = reference
+    ref_model = reference_forward
     encoded = [tokenizer.encode(p) for p in PROMPTS]
     length = max(map(len, encoded))
     ids = np.full((len(encoded), length), tokenizer.pad_token_id, np.int32)

@@ -95,7 +95,10 @@ def test_demonstration_is_the_rollout_of_the_same_replies():
     assert not np.asarray(demo.behaviour_logp).any()  # nothing was sampled
 
 
-@pytest.mark.parametrize("name,policy", [("sokoban", "random"), ("frozen_lake", "solver")])
+@pytest.mark.parametrize("name,policy", [
+    ("sokoban", "random"),
+    # The slow tier (README); CI checks FrozenLake's solver against numpy value iteration.
+    pytest.param("frozen_lake", "solver", marks=pytest.mark.slow)])
 def test_demonstrations_equal_the_chat_template_of_their_conversation(name, policy):
     """Independent reference: the host replays each row from its reply text (reference_parse,
     the unbatched env) and tokenises the conversation with apply_chat_template."""

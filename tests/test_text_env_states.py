@@ -20,7 +20,9 @@ import envs_jax  # noqa: E402
 from envs_jax.base import symbol_text  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 
-ENVS = ("sokoban", "sokoban_large", "sokoban_new_vocab", "frozen_lake", "bandit", "bandit_test")
+# sokoban_large renders sokoban's symbols on a bigger grid: the slow tier (README).
+ENVS = ("sokoban", pytest.param("sokoban_large", marks=pytest.mark.slow), "sokoban_new_vocab",
+        "frozen_lake", "bandit", "bandit_test")
 KEYS = 250  # x 4 time points (reset and 3 random steps) = 1000 states per env
 STEPS = 3
 

@@ -200,9 +200,12 @@ def _sharded_run(tmp_path, what: str, algo: str = "ppo", rollout: dict | None = 
 # into a failure within minutes.
 @pytest.mark.serial
 @pytest.mark.parametrize("algo,advantage,rollout", [
-    ("ppo", {}, None), ("grpo", {"estimator": "gigpo"}, None),
-    # Turn samples: each turn's window prefilled afresh, one training row per (row, turn).
-    ("grpo", {}, dict(context_window_mode="limited_multi_turn", max_context_window=1))])
+    ("ppo", {}, None),  # CI: the critic's and the actor's state on the mesh
+    # The slow tier (README): GiGPO's anchor groups, and turn samples (each turn's window
+    # prefilled afresh, one training row per (row, turn)) on the mesh.
+    pytest.param("grpo", {"estimator": "gigpo"}, None, marks=pytest.mark.slow),
+    pytest.param("grpo", {}, dict(context_window_mode="limited_multi_turn",
+                                  max_context_window=1), marks=pytest.mark.slow)])
 def test_sharded_step_equals_single_device(tmp_path, algo, advantage, rollout):
     result = _sharded_run(tmp_path, "step", algo, rollout, **advantage)
     single, sharded = result["single"], result["sharded"]
