@@ -318,9 +318,12 @@ def test_host_limited_multi_turn_equals_the_compiled_one(k):
             np.testing.assert_array_equal(getattr(got, name), value, err_msg=name)
 
 
-def _host(config: RolloutConfig, key):
-    """The host rollout of sokoban (the JAX env behind the host protocol), seeds 0..P-1 reset
-    with the compiled rollout's keys -> (rollout, stats, tokenizer, text)."""
+@functools.cache  # two tests read the same one
+def _host(config: RolloutConfig, seed: int):
+    """The host rollout of sokoban (the JAX env behind the host protocol) with the key of
+    `seed`, seeds 0..P-1 reset with the compiled rollout's keys -> (rollout, stats, tokenizer,
+    text)."""
+    key = jax.random.PRNGKey(seed)
     model, tok = tiny()
     env = envs_jax.make("sokoban")
     reset_keys = jax.random.split(jax.random.split(key)[0], config.groups)
@@ -342,7 +345,7 @@ def test_host_single_turn_samples_are_the_originals_messages(k):
     reply appears as its decoded text (special tokens skipped, as the original decodes)."""
     config = _config("single_turn", k, shared_env_randomness=True)
     key = jax.random.PRNGKey(5)
-    out, stats, tok, text = _host(config, key)
+    out, stats, tok, text = _host(config, 5)
     assert stats["host/truncated_observations"] == 0 and stats["host/failed_rows"] == 0
     width = host_sample_width(text, config)
     assert out.tokens.shape == (4, config.max_turns * width)
@@ -445,7 +448,7 @@ def test_single_turn_train_step():  # single_turn samples from a host rollout (n
 
 def test_single_turn_train_step_on_a_host_rollout():
     config = _config("single_turn", 2, shared_env_randomness=True)
-    out, _, _, _ = _host(config, jax.random.PRNGKey(5))
+    out, _, _, _ = _host(config, 5)
     _check_train_step(_train_config(config), out, None)
 
 

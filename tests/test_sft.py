@@ -54,6 +54,7 @@ def _grid_setup(name: str, mode: str, reply_tokens: int = 32):
     return env, tok, codec, build_reply_encoder(tok, env, codec, max_actions_per_turn=5), config
 
 
+@functools.cache  # the same demonstrations serve several tests (read, never written)
 def _demos(name: str, mode: str, policy: str, key: int = 0, solver_share: float = 0.5,
            **shape):
     env, tok, codec, encoder, config = _grid_setup(name, mode)
