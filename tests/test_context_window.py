@@ -344,14 +344,14 @@ def test_host_single_turn_samples_are_the_originals_messages(k):
     shown + the current turn), assistant(reply)] through apply_chat_template; an earlier
     reply appears as its decoded text (special tokens skipped, as the original decodes)."""
     config = _config("single_turn", k, shared_env_randomness=True)
-    key = jax.random.PRNGKey(5)
-    out, stats, tok, text = _host(config, 5)
+    seed = 5
+    out, stats, tok, text = _host(config, seed)
     assert stats["host/truncated_observations"] == 0 and stats["host/failed_rows"] == 0
     width = host_sample_width(text, config)
     assert out.tokens.shape == (4, config.max_turns * width)
     _, _, env, codec = _setup("sokoban", "nothink", FORCED)
     prefix = list(text.forced_prefix_ids)
-    for b, state in enumerate(_start_states(env, config, key)):
+    for b, state in enumerate(_start_states(env, config, jax.random.PRNGKey(seed))):
         replies = _replies(out, width, b)
         states, rewards, penalties, left, taken = replay_turns(tok, env, codec, config, state,
                                                                replies)

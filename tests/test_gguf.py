@@ -31,7 +31,7 @@ from starpo_jax.models.gguf import (
     unpermute_rotary_rows,
 )
 from helpers import forward
-from helpers.hf_reference import transformers_from_gguf
+from helpers.hf_reference import transformers_from_gguf, transformers_holding
 from starpo_jax.models.params import model_from_hf_tensors
 
 PROMPTS = [
@@ -69,13 +69,7 @@ def reference_forward(reference_config, checkpoint):
     That those tensors are transformers' own dequantisation is checked on synthetic files of
     every storage type the embedded file uses (CI) and on this file (the slow tier)."""
     _, tensors = checkpoint
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(reference_config, dtype=torch.float32)
-    result = model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()},
-                                   strict=False)
-    assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}
-    model.tie_weights()
-    return model.eval()
+    return transformers_holding(reference_config, tensors, "the embedded GGUF's tensors")
 
 
 @pytest.fixture(scope="module")
