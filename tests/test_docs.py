@@ -178,6 +178,30 @@ def test_the_test_commands_are_ci_s(page):
     assert fast and all(c in ci for c in fast)
 
 
+def test_the_serial_command_imports_only_files_that_mark_serial(tmp_path):
+    """CI's second command (-m "serial and not slow") skips test files with no serial mark
+    (tests/conftest.py); every other selection collects every file."""
+    import conftest
+
+    class Config:
+        def __init__(self, expr: str):
+            self.expr = expr
+
+        def getoption(self, name: str, default=None):
+            assert name == "markexpr"
+            return self.expr
+
+    marked, plain = tmp_path / "test_marked.py", tmp_path / "test_plain.py"
+    marked.write_text("import pytest\n\n\n@pytest.mark.serial\ndef test_a():\n    pass\n")
+    plain.write_text("def test_b():\n    pass\n")
+    assert conftest.pytest_ignore_collect(plain, Config("serial and not slow")) is True
+    assert conftest.pytest_ignore_collect(plain, Config("serial")) is True
+    assert conftest.pytest_ignore_collect(marked, Config("serial and not slow")) is None
+    for expr in ("not serial and not slow", "", "slow", "serial or slow", "optimized"):
+        assert conftest.pytest_ignore_collect(plain, Config(expr)) is None, expr
+    assert conftest.pytest_ignore_collect(tmp_path / "notes.txt", Config("serial")) is None
+
+
 def test_the_readme_quickstart_command_is_the_quickstart_page_s():
     def runs(page: Path) -> list[str]:
         return [c for lang, text in blocks(page) if lang == "bash"
