@@ -187,6 +187,7 @@ def _rows(seed: int, replies, pieces):
     return ids, lengths
 
 
+@pytest.mark.optimized  # its time is running the parser over COUNT replies (conftest)
 @pytest.mark.parametrize("think", [True, False])
 def test_hostile_replies_match_the_original(bulk, table, pieces, think):
     rng = np.random.default_rng(14 + think)

@@ -130,6 +130,7 @@ def test_demonstrations_equal_the_chat_template_of_their_conversation(name, poli
         assert out.format_ok[b][out.turn_taken[b]].all()
 
 
+@pytest.mark.optimized  # its time is running the codecs' checks (conftest)
 @pytest.mark.parametrize("mode", ["nothink", "think"])
 def test_reply_tokens_are_the_tokenizers_own(mode, qwen_style_tok):
     env = envs_jax.make("sokoban")
