@@ -414,12 +414,17 @@ def _check_train_step(config: TrainConfig, out, codec) -> None:
     tokens, lengths = jnp.asarray(rows.tokens), jnp.asarray(rows.lengths)
     mask, adv = jnp.asarray(rows.loss_mask), jnp.asarray(batch.advantages)
 
+    # The LM head only where a reply token is predicted: full logits over every position are
+    # [rows, L, vocab] (2.3 GB here) and took most of this test's time.
+    row, pos = np.nonzero(np.asarray(rows.loss_mask)[:, 1:])
+
     def reference(p):
-        logits = nnx.merge(graphdef, p)(tokens, attention_mask=jnp.arange(tokens.shape[1])
-                                        < lengths[:, None])
-        logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-        logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-        return -jnp.sum(jnp.where(mask[:, 1:], adv[:, 1:] * logp, 0.0)) / mask.sum()
+        m = nnx.merge(graphdef, p)
+        hidden = m.hidden_states(tokens, attention_mask=jnp.arange(tokens.shape[1])
+                                 < lengths[:, None])
+        logp = jax.nn.log_softmax(m.logits_from_hidden(hidden[row, pos]), axis=-1)
+        logp = jnp.take_along_axis(logp, tokens[row, pos + 1][:, None], axis=-1)[:, 0]
+        return -jnp.sum(adv[row, pos + 1] * logp) / mask.sum()
 
     norm = jax.jit(lambda p: optax.tree.norm(jax.grad(reference)(p)))(params)  # one program
     assert float(norm) > 0
