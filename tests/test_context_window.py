@@ -305,8 +305,7 @@ def test_jax_single_turn_prompts_are_the_originals_messages(k):
 @pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2])  # slow tier: README
 def test_host_limited_multi_turn_equals_the_compiled_one(k):
     config = _config("limited_multi_turn", k, shared_env_randomness=True)
-    want, got, stats = _both("sokoban", config, jax.random.PRNGKey(5),
-                             forced_prefix=dict(FORCED)["forced_prefix"])
+    want, got, stats = _both("sokoban", config, 5, forced_prefix=dict(FORCED)["forced_prefix"])
     assert stats["host/truncated_observations"] == 0
     assert want.turn_lengths is not None
     for name, value in vars(want).items():

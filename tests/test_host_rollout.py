@@ -32,6 +32,7 @@ REPLY_TOKENS = 4
 SHORT_TEMPLATE = dict(
     system="", intro="",
     turn="Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens.")
+FORCED_ANSWER = "<answer>Up || Left || Jump</answer>"
 
 
 @functools.cache
@@ -39,7 +40,11 @@ def tiny():
     return load_pretrained("tiny-random")
 
 
-def _both(env_name: str, config: RolloutConfig, key, **template):
+@functools.cache  # the same case is read by several tests (e.g. GiGPO's below)
+def _both(env_name: str, config: RolloutConfig, seed: int, **template):
+    """(compiled rollout, host rollout, host stats) of `config` on `env_name` wrapped as a host
+    env, both from PRNGKey(seed), as numpy (shared between tests: read, never written)."""
+    key = jax.random.PRNGKey(seed)
     model, tok = tiny()
     env = envs_jax.make(env_name)
     template = {**SHORT_TEMPLATE, **template}
@@ -65,8 +70,7 @@ def test_host_rollout_equals_compiled_rollout():
     config = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=REPLY_TOKENS,
                            mode="nothink", max_actions_per_turn=3, max_actions_per_traj=5,
                            shared_env_randomness=True)
-    want, got, stats = _both("sokoban", config, jax.random.PRNGKey(5),
-                             forced_prefix="<answer>Up || Left || Jump</answer>")
+    want, got, stats = _both("sokoban", config, 5, forced_prefix=FORCED_ANSWER)
     assert stats["host/failed_rows"] == 0 and stats["host/truncated_observations"] == 0
     for name, value in vars(want).items():
         if name in ("dead_end", "looped"):  # the failure classifier's env-state inputs
@@ -82,6 +86,51 @@ def test_host_rollout_equals_compiled_rollout():
     # observation texts): turn 1's Up, Left moved the player, after which it stands against a
     # wall, so turns 2 and 3 start from one state (the states after each turn would read 0 0 0).
     np.testing.assert_array_equal(want.turn_anchors[:2], [[0, 1, 1], [0, 1, 1]])
+
+
+def test_gigpo_trains_on_compiled_and_host_rollouts_alike():
+    """Sokoban, 3 turns whose start states repeat (the case above): `prepare` with
+    the filter gives the reference's GiGPO advantages on the compiled rollout and on the host
+    one alike; two PPO epochs of two mini-batches update; learn logs the anchor share."""
+    from starpo_jax.config import (AdvantageConfig, FilterConfig, OptimConfig,
+                                   TrainConfig)
+    from starpo_jax.train.step import init_train_state, make_train_fns
+    from test_credit import gigpo_reference
+
+    rollout = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=REPLY_TOKENS,
+                            mode="nothink", max_actions_per_turn=3, max_actions_per_traj=5,
+                            shared_env_randomness=True)
+    forced = FORCED_ANSWER
+    compiled, host, _ = _both("sokoban", rollout, 5, forced_prefix=forced)
+    model, tok = tiny()
+    env = envs_jax.make("sokoban")
+    codec = build_codec(tok, env, mode="nothink", max_tokens=rollout.announced_tokens,
+                        max_actions_per_turn=3, max_actions_per_traj=5, verify=20,
+                        forced_prefix=forced, **SHORT_TEMPLATE)
+    config = TrainConfig(algo="grpo", rollout=rollout, filter=FilterConfig(keep_ratio=0.5),
+                         advantage=AdvantageConfig(estimator="gigpo", step_gamma=0.9,
+                                                   omega=0.5, step_mode="mean"),
+                         optim=OptimConfig(actor_lr=1e-3, minibatch_rows=1, ppo_epochs=2))
+    fns = make_train_fns(config, env, codec, model=model, eos_id=tok.eos_token_id,
+                         pad_id=tok.pad_token_id)
+    state = init_train_state(config, jax.random.PRNGKey(0), model=model)
+    prepare = jax.jit(fns.prepare)
+    advantages = []
+    for out in (compiled, host):
+        batch = jax.device_get(prepare(state, out))
+        kept = batch.rollout
+        states = [[None if a < 0 else str(a) for a in row] for row in kept.turn_anchors]
+        rewards = kept.turn_rewards + kept.format_penalties
+        want, step = gigpo_reference(states, rewards, kept.turn_ids, 0.9, 0.5, "mean_std",
+                                     "mean", n=2)
+        assert np.abs(step).max() > 0  # turns 2 and 3 share a start state, not a return
+        np.testing.assert_allclose(batch.advantages, want, rtol=1e-5, atol=1e-5)
+        advantages.append(batch.advantages)
+    np.testing.assert_allclose(advantages[0], advantages[1], atol=1e-6)
+    new_state, metrics = jax.jit(fns.learn)(state, host, jax.random.PRNGKey(1))
+    assert np.isfinite(float(metrics["actor/pg_loss"])) and float(metrics["actor/grad_norm"]) > 0
+    # Every taken turn of a row shares its start state with the other row's same turn.
+    assert float(metrics["rollout/anchor_share"]) == 1.0
 
 
 def test_anchors_are_the_states_turns_start_from():
