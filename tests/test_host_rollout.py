@@ -40,6 +40,17 @@ def tiny():
     return load_pretrained("tiny-random")
 
 
+@functools.cache
+def _codec(env_name: str, config: RolloutConfig, **template):
+    """The tiny model's codec of `env_name` for `config`, SHORT_TEMPLATE updated by `template`."""
+    _, tok = tiny()
+    return build_codec(tok, envs_jax.make(env_name), mode=config.mode,
+                       max_tokens=config.announced_tokens,
+                       max_actions_per_turn=config.max_actions_per_turn,
+                       max_actions_per_traj=config.max_actions_per_traj, verify=20,
+                       **{**SHORT_TEMPLATE, **template})
+
+
 @functools.cache  # the same case is read by several tests (e.g. GiGPO's below)
 def _both(env_name: str, config: RolloutConfig, seed: int, **template):
     """(compiled rollout, host rollout, host stats) of `config` on `env_name` wrapped as a host
@@ -47,10 +58,8 @@ def _both(env_name: str, config: RolloutConfig, seed: int, **template):
     key = jax.random.PRNGKey(seed)
     model, tok = tiny()
     env = envs_jax.make(env_name)
+    codec = _codec(env_name, config, **template)
     template = {**SHORT_TEMPLATE, **template}
-    codec = build_codec(tok, env, mode=config.mode, max_tokens=config.announced_tokens,
-                        max_actions_per_turn=config.max_actions_per_turn,
-                        max_actions_per_traj=config.max_actions_per_traj, verify=20, **template)
     graphdef, params = nnx.split(model)
     kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     compiled = jax.jit(lambda p, k: rollout(graphdef, p, env, codec, config, k, **kw))(params, key)
@@ -92,21 +101,17 @@ def test_gigpo_trains_on_compiled_and_host_rollouts_alike():
     """Sokoban, 3 turns whose start states repeat (the case above): `prepare` with
     the filter gives the reference's GiGPO advantages on the compiled rollout and on the host
     one alike; two PPO epochs of two mini-batches update; learn logs the anchor share."""
-    from starpo_jax.config import (AdvantageConfig, FilterConfig, OptimConfig,
-                                   TrainConfig)
+    from starpo_jax.config import AdvantageConfig, FilterConfig, OptimConfig, TrainConfig
     from starpo_jax.train.step import init_train_state, make_train_fns
     from test_credit import gigpo_reference
 
     rollout = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=REPLY_TOKENS,
                             mode="nothink", max_actions_per_turn=3, max_actions_per_traj=5,
                             shared_env_randomness=True)
-    forced = FORCED_ANSWER
-    compiled, host, _ = _both("sokoban", rollout, 5, forced_prefix=forced)
+    compiled, host, _ = _both("sokoban", rollout, 5, forced_prefix=FORCED_ANSWER)
     model, tok = tiny()
     env = envs_jax.make("sokoban")
-    codec = build_codec(tok, env, mode="nothink", max_tokens=rollout.announced_tokens,
-                        max_actions_per_turn=3, max_actions_per_traj=5, verify=20,
-                        forced_prefix=forced, **SHORT_TEMPLATE)
+    codec = _codec("sokoban", rollout, forced_prefix=FORCED_ANSWER)  # the rollouts' own
     config = TrainConfig(algo="grpo", rollout=rollout, filter=FilterConfig(keep_ratio=0.5),
                          advantage=AdvantageConfig(estimator="gigpo", step_gamma=0.9,
                                                    omega=0.5, step_mode="mean"),

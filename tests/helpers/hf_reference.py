@@ -28,23 +28,30 @@ def transformers_from_gguf(path: str | Path) -> tuple[Any, dict[str, Any]]:
     path = Path(path)
     hf_logging.disable_progress_bar()
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    with no_init_weights():  # the loader only needs the model's structure
+    with no_init_weights():  # every weight is overwritten below
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    return transformers_holding(config, tensors, str(path)), tensors
+    return _holding(model, tensors, str(path)), tensors
 
 
 def transformers_holding(config: Any, tensors: dict[str, Any], source: str) -> Any:
     """transformers' model of `config` (float32, eval mode) holding `tensors` (torch tensors or
     numpy arrays by Hugging Face name; the tied head may be absent). Raises ValueError naming
     `source` if any other weight is left uninitialised or a tensor is not used."""
-    import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    with no_init_weights():  # every weight is overwritten below
+    with no_init_weights():  # every weight is overwritten by _holding
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return _holding(model, tensors, source)
+
+
+def _holding(model: Any, tensors: dict[str, Any], source: str) -> Any:
+    """`model` (eval mode) with `tensors` loaded and its head tied; see transformers_holding."""
+    import numpy as np
+    import torch
+
     result = model.load_state_dict({k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                                     for k, v in tensors.items()}, strict=False)
     missing = [k for k in result.missing_keys if k != "lm_head.weight"]
