@@ -23,6 +23,8 @@ import os
 from collections.abc import MutableMapping
 
 OPT_OUT = "STARPO_JAX_XLA_FLAGS"
+#: Set beside XLA_FLAGS to what add_cpu_flags added there (child processes inherit both).
+ADDED = "STARPO_JAX_XLA_FLAGS_ADDED"
 YNN_FUSION = "--xla_cpu_experimental_ynn_fusion_type"
 YNN_TYPES = "individual_dot,eltwise"
 #: jaxlib (major, minor) versions whose XLA has the flag and was measured with it.
@@ -49,4 +51,16 @@ def add_cpu_flags(environ: MutableMapping[str, str] | None = None,
     if (jaxlib or _jaxlib_version()) not in MEASURED_ON:
         return False
     environ["XLA_FLAGS"] = f"{flags} {YNN_FUSION}={YNN_TYPES}".strip()
+    environ[ADDED] = f"{YNN_FUSION}={YNN_TYPES}"
     return True
+
+
+def environ_without_added_flags(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """A copy of `environ` without what add_cpu_flags added to XLA_FLAGS: for a process that
+    should start with the flags it would have had without starpo_jax's (an older commit's
+    benchmark run side by side; its own import may add its own)."""
+    env = dict(environ)
+    added = env.pop(ADDED, None)
+    if added:
+        env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f != added)
+    return env

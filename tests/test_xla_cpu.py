@@ -33,6 +33,20 @@ def test_the_flag_is_appended_once_and_a_users_own_is_kept():
     assert not xla_cpu.add_cpu_flags(other, jaxlib=(0, 12)) and "XLA_FLAGS" not in other
 
 
+def test_a_process_can_start_without_the_added_flag():
+    """bench/step.py --against runs an older commit's code with the flags it had: the user's
+    own stay, the added one goes (also from a child's inherited copy)."""
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "HOME": "/h"}
+    xla_cpu.add_cpu_flags(env, jaxlib=(0, 10))
+    inherited = dict(env)  # what a re-executed child sees: the flag and its marker
+    assert not xla_cpu.add_cpu_flags(inherited, jaxlib=(0, 10))
+    for start in (env, inherited):
+        assert xla_cpu.environ_without_added_flags(start) == {
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "HOME": "/h"}
+    own = {"XLA_FLAGS": FLAG}  # the same value set by the user: not ours to remove
+    assert xla_cpu.environ_without_added_flags(own) == own
+
+
 _PROBE = """
 import starpo_jax, jax, jax.numpy as jnp
 text = jax.jit(lambda a: jnp.exp(a) * 2.0 + 1.0).lower(jnp.ones((64, 64))).compile().as_text()
