@@ -12,15 +12,18 @@ The flag is set when `starpo_jax` is imported, before JAX creates its CPU backen
 XLA_FLAGS once, as the first computation starts it): a process that ran a JAX computation
 before importing starpo_jax keeps the settings it started with. A user's own value of the
 flag is kept, `STARPO_JAX_XLA_FLAGS=0` adds nothing, and a jaxlib outside the versions it
-was measured on (where the flag might not exist: XLA stops at an unknown flag) is left alone.
-Only computations on the CPU read these flags; GPU programs are unchanged.
+was measured on (where the flag might not exist: XLA stops at an unknown flag) is left alone,
+and so is a process set up for several CPU devices or processes (below: XLA 0.10 fails to
+compile some partitioned programs with these fusions). Only computations on the CPU read these
+flags; GPU programs are unchanged.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
-from collections.abc import MutableMapping
+import re
+from collections.abc import Mapping, MutableMapping
 
 OPT_OUT = "STARPO_JAX_XLA_FLAGS"
 #: Set beside XLA_FLAGS to what add_cpu_flags added there (child processes inherit both).
@@ -39,6 +42,22 @@ def _jaxlib_version() -> tuple[int, int] | None:
         return None
 
 
+def _several_devices(environ: Mapping[str, str]) -> bool:
+    """Whether the process is set up for more than one CPU device or process: forced host
+    devices (`--xla_force_host_platform_device_count=N`, N > 1) or a multi-process launch
+    (run/distributed.py's variables). XLA 0.10 fails to compile some partitioned programs with
+    YNNPACK elementwise fusions ("Instruction with unsupported layout in YNN fusion", a
+    parameter in column-major layout), so those keep XLA's defaults."""
+    flags = environ.get("XLA_FLAGS", "")
+    count = re.search(r"--xla_force_host_platform_device_count=(\d+)", flags)
+    if count and int(count.group(1)) > 1:
+        return True
+    tasks = ("JAX_NUM_PROCESSES", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
+    return bool(environ.get("JAX_COORDINATOR_ADDRESS")) or any(
+        environ.get(name, "1").strip().isdigit() and int(environ[name]) > 1
+        for name in tasks if name in environ)
+
+
 def add_cpu_flags(environ: MutableMapping[str, str] | None = None,
                   jaxlib: tuple[int, int] | None = None) -> bool:
     """Append the YNNPACK fusion flag to XLA_FLAGS unless the user set it, opted out or runs
@@ -46,7 +65,7 @@ def add_cpu_flags(environ: MutableMapping[str, str] | None = None,
     one."""
     environ = os.environ if environ is None else environ
     flags = environ.get("XLA_FLAGS", "")
-    if environ.get(OPT_OUT, "1") == "0" or YNN_FUSION in flags:
+    if environ.get(OPT_OUT, "1") == "0" or YNN_FUSION in flags or _several_devices(environ):
         return False
     if (jaxlib or _jaxlib_version()) not in MEASURED_ON:
         return False
