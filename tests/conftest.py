@@ -41,9 +41,6 @@ _flags = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join(
     [f for f in FAST_COMPILE_FLAGS if f.split("=")[0] not in _flags] + [_flags]).strip()
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-# The package's own XLA CPU flags (starpo_jax/xla_cpu.py) in every worker before any test runs
-# a computation, whichever test file a worker imports first.
-import starpo_jax  # noqa: E402, F401
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -26,7 +26,6 @@ from starpo_jax.rollout.jax_env import Rollout  # noqa: E402
 from starpo_jax.train.shared_prefix import (PrefixPlan, aligned_slots, group_sorted,  # noqa: E402
                                             shared_logprobs, shared_values, slice_plans)
 from starpo_jax.train.step import init_train_state, make_train_fns  # noqa: E402
-from helpers.tiny import assert_same_adam_weights  # noqa: E402
 from test_rollout import REPLY_TOKENS, tiny_bandit_setup  # noqa: E402
 
 GROUPS, N, WIDTH, LENGTH, SLOTS = 3, 4, 10, 24, 14
@@ -246,13 +245,13 @@ def test_train_step_equals_the_per_row_step(algo, optim, loss, rollout_out):
     want_actor, want_critic, want = _learn(base, setup, rollout_out)
     actor, critic, got = _learn(on, setup, rollout_out)
     assert got.keys() == want.keys()
-    for key in want:  # atol: a KL of ~1e-3 is a mean of log-prob differences of ~-10 each,
-        # where float32 resolves ~1e-6: a few such roundings apart, by the fusion XLA chose
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
-    # Equal weights to 5% of lr mean equal gradients (the gradients themselves are compared in
-    # the test above); GRPO: 2 epochs of one mini-batch, 2 Adam steps.
-    assert_same_adam_weights((actor, critic), (want_actor, want_critic), lr=1e-3, steps=2,
-                             close=5e-5)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    # Adam moves each weight by about lr whatever the gradient's size: equal weights to 5% of
+    # lr mean equal gradients (a near-zero gradient element's step is its rounding's; the
+    # gradients themselves are compared in the test above).
+    for a, b in zip(jax.tree.leaves((actor, critic)), jax.tree.leaves((want_actor, want_critic))):
+        np.testing.assert_allclose(a, b, rtol=0, atol=5e-5)
 
 
 def test_switch_is_validated_and_plans_fall_back_when_nothing_is_shared():

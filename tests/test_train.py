@@ -24,7 +24,6 @@ from starpo_jax.config import (AdvantageConfig, FilterConfig, LossConfig, OptimC
                                RolloutConfig, TrainConfig)
 from starpo_jax.train.forward import sequence_logprobs  # noqa: E402
 from starpo_jax.train.step import init_train_state, make_train_fns, make_train_step  # noqa: E402
-from helpers.tiny import assert_same_adam_weights  # noqa: E402
 from test_rollout import REPLY_TOKENS, tiny_bandit_setup  # noqa: E402
 
 
@@ -284,9 +283,10 @@ def test_micro_batches_and_remat_change_nothing(algo, agg, optim, knob_rollout):
     assert got.keys() == want.keys() and want["actor/grad_norm"] > 0
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
-    # Equal weights to 1% of lr mean equal gradients: 8 rows in mini-batches of 4, 2 Adam steps.
-    assert_same_adam_weights((actor, critic), (want_actor, want_critic), lr=1e-3, steps=2,
-                             close=1e-5)
+    # Adam's first steps move each weight by about lr whatever the gradient's size, so equal
+    # weights to 1% of lr mean equal gradients (a near-zero gradient's step is the rounding's).
+    for a, b in zip(jax.tree.leaves((actor, critic)), jax.tree.leaves((want_actor, want_critic))):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("optim,match", [

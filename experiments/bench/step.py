@@ -71,7 +71,6 @@ from typing import Any, NamedTuple
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from starpo_jax.hostmem import environ_without_huge_pages, reexec_with_huge_pages  # noqa: E402
-from starpo_jax.xla_cpu import environ_without_added_flags  # noqa: E402
 
 if __name__ == "__main__":
     reexec_with_huge_pages()  # first: huge pages for XLA's CPU buffers (starpo_jax/hostmem.py)
@@ -444,10 +443,8 @@ def against(commit: str, cases: list[tuple[str, list[str]]], extra: list[str],
                       f"{pairs} of {label} ({root}); load average {os.getloadavg()}", flush=True)
                 command = [sys.executable, script, "--config", name, *extra]
                 command += [f"--set={s}" for s in sets]
-                # The older code runs as it did: without the huge pages and XLA flags this one
-                # adds (starpo_jax/xla_cpu.py; the older code's import adds its own, if any).
-                env = os.environ if label == "this" else environ_without_added_flags(
-                    environ_without_huge_pages(os.environ))
+                # The older code runs as it did: without the huge pages this one adds.
+                env = os.environ if label == "this" else environ_without_huge_pages(os.environ)
                 done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True,
                                       env=dict(env, PYTHONPATH=root))
                 print(done.stdout, end="", flush=True)

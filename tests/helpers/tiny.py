@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
-import numpy as np
-
 from starpo_jax import api
 from starpo_jax.analysis.suite import Setting, Spec, Suite, grid_base, grid_sft_base
 
@@ -26,25 +23,6 @@ def tiny_config() -> api.ConfigDict:
     c.checkpoint_every = 1
     c.steps, c.eval_every, c.sample_every = 30, 0, 0
     return c
-
-
-def assert_same_adam_weights(got, want, lr: float, steps: int, close: float,
-                             share: float = 0.02) -> None:
-    """Weights after the same `steps` Adam(W) steps at `lr` from the same start, from gradients
-    computed two ways that agree up to float rounding. Adam moves each element by about lr
-    whatever its gradient's size, so weights equal to `close` (a few % of lr) mean equal
-    gradients, except where an element's gradient is a near-cancelling sum (terms of ~1e-2
-    adding up to ~1e-8, near Adam's eps): float32 rounds its sum by ~1e-9, a tenth of it, and
-    Adam's step follows. Which elements those are depends on the fusions XLA picks for each
-    path (with YNNPACK's elementwise kernels, 0.3-0.5% of a tiny layer's elements were off by
-    up to 16% of lr; the gradients themselves agreed to 5e-7 of their largest). At most `share`
-    of an array may be off, each within what the steps can move it at all (about lr each); a
-    gradient computed wrongly moves most elements' steps."""
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        a, b = np.asarray(a), np.asarray(b)
-        off = np.abs(a - b) > close
-        assert off.mean() <= share, f"{off.sum()} of {off.size} weights differ by > {close}"
-        np.testing.assert_allclose(a, b, rtol=0, atol=2 * lr * steps)
 
 
 @functools.cache
