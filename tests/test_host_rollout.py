@@ -33,6 +33,10 @@ SHORT_TEMPLATE = dict(
     system="", intro="",
     turn="Turn {turn}:\n{state}\nActions left: {actions_left}. Max {max_tokens} tokens.")
 FORCED_ANSWER = "<answer>Up || Left || Jump</answer>"
+# Sokoban, 3 turns, start states that repeat: the case the compiled-vs-host and GiGPO tests share
+SOKOBAN_3_TURNS = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=REPLY_TOKENS,
+                                mode="nothink", max_actions_per_turn=3, max_actions_per_traj=5,
+                                shared_env_randomness=True)
 
 
 @functools.cache
@@ -76,10 +80,7 @@ def _both(env_name: str, config: RolloutConfig, seed: int, **template):
 def test_host_rollout_equals_compiled_rollout():
     # Each turn: Up and Left stepped, Jump unknown (a format penalty); the budget of 5 actions
     # runs out inside turn 3, so rows take 3 turns and the EOS / next-message path is crossed.
-    config = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=REPLY_TOKENS,
-                           mode="nothink", max_actions_per_turn=3, max_actions_per_traj=5,
-                           shared_env_randomness=True)
-    want, got, stats = _both("sokoban", config, 5, forced_prefix=FORCED_ANSWER)
+    want, got, stats = _both("sokoban", SOKOBAN_3_TURNS, 5, forced_prefix=FORCED_ANSWER)
     assert stats["host/failed_rows"] == 0 and stats["host/truncated_observations"] == 0
     for name, value in vars(want).items():
         if name in ("dead_end", "looped"):  # the failure classifier's env-state inputs
@@ -105,9 +106,7 @@ def test_gigpo_trains_on_compiled_and_host_rollouts_alike():
     from starpo_jax.train.step import init_train_state, make_train_fns
     from test_credit import gigpo_reference
 
-    rollout = RolloutConfig(groups=2, group_size=2, max_turns=3, reply_tokens=REPLY_TOKENS,
-                            mode="nothink", max_actions_per_turn=3, max_actions_per_traj=5,
-                            shared_env_randomness=True)
+    rollout = SOKOBAN_3_TURNS
     compiled, host, _ = _both("sokoban", rollout, 5, forced_prefix=FORCED_ANSWER)
     model, tok = tiny()
     env = envs_jax.make("sokoban")
@@ -132,7 +131,7 @@ def test_gigpo_trains_on_compiled_and_host_rollouts_alike():
         np.testing.assert_allclose(batch.advantages, want, rtol=1e-5, atol=1e-5)
         advantages.append(batch.advantages)
     np.testing.assert_allclose(advantages[0], advantages[1], atol=1e-6)
-    new_state, metrics = jax.jit(fns.learn)(state, host, jax.random.PRNGKey(1))
+    _, metrics = jax.jit(fns.learn)(state, host, jax.random.PRNGKey(1))
     assert np.isfinite(float(metrics["actor/pg_loss"])) and float(metrics["actor/grad_norm"]) > 0
     # Every taken turn of a row shares its start state with the other row's same turn.
     assert float(metrics["rollout/anchor_share"]) == 1.0
