@@ -6,7 +6,8 @@
 #   bash experiments/bench/gpu_check.sh bench   # SmolLM2 at the quickstart and paper shapes
 # (every model here, tiny-random too, takes its tokenizer from the GGUF: only `bench` has it)
 #
-# What the machine lacks travels beside the working tree, prepared on a machine with pip:
+# What the machine lacks travels beside the working tree, prepared on a machine with pip
+# (`bash experiments/bench/gpu_prepare.sh` writes all of it):
 #   .gpu/whl/   wheels of the pure-Python packages the image lacks (jumanji and the packages it
 #               imports, tensorboardX, ml-collections, gguf), `pip download --no-deps`;
 #   .gpu/a/, .gpu/b/   the embedded SmolLM2 GGUF (98 MB) split in two (`split -n 2`), each part
