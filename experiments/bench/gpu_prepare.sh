@@ -25,7 +25,8 @@ mkdir -p .gpu/whl .gpu/a .gpu/b
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any -d .gpu/whl $WHEELS
-gguf=$($PY -c "from starpo_jax.models.embedded import embedded_gguf_path; print(embedded_gguf_path())")
+gguf=$($PY -c "from starpo_jax.models.embedded import embedded_gguf_path as path
+print(path())")
 split -n 2 -d "$gguf" .gpu/part
 mv .gpu/part00 .gpu/a/ && mv .gpu/part01 .gpu/b/
 (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") > .gpu/a/sha256
