@@ -1,5 +1,5 @@
 # Sourced by the scripts that run on a GPU machine with JAX but no package index (this project's
-# device machines; experiments/bench/gpu_check.sh says what travels beside the tree):
+# device machines; experiments/bench/gpu_prepare.sh writes what travels beside the tree):
 #   source experiments/bench/gpu_env.sh        # installs .gpu/whl, sets PYTHONPATH and caches
 #   join_gguf                                  # the embedded SmolLM2 GGUF from .gpu/a + .gpu/b
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -3,7 +3,7 @@
 # demonstrations into LoRA adapters, the start's held-out evaluation, then StarPO-S runs from it
 # (RUNS, run_solverstart.sh's items, until DEADLINE; ~1 s a step and a ~3 min compile there).
 #
-#   bash results/cpu/pilots/gpu_sft.sh            # .gpu/ as experiments/bench/gpu_check.sh says
+#   bash results/cpu/pilots/gpu_sft.sh            # .gpu/ from experiments/bench/gpu_prepare.sh
 #   STEPS=200 RUNS="grpo:1:5e-5:mean_std:32" DEADLINE=560 bash results/cpu/pilots/gpu_sft.sh 2>&1 \
 #       | grep --line-buffered -v WARN | tee $OUT/log.txt   # line-buffered: a cut call keeps it
 #
