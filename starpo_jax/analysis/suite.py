@@ -291,13 +291,14 @@ def _multi_turn_specs(seeds: tuple[int, ...], estimate: dict[str, float | None],
                        estimate[f"grid_{'vanilla' if kind == 'vanilla' else algo}"],
                        eval_before=True, start=starts[env], final_eval=final)
 
-    grpo = rl("sokoban", "grpo", "grpo_s", "StarPO-S GRPO", {}, full("sokoban"))
-    vanilla = rl("sokoban", "grpo", "vanilla", "vanilla StarPO (GRPO)", {"vanilla": True}, own)
-    table = (grpo, rl("sokoban", "ppo", "ppo_s", "StarPO-S PPO", {}, own), vanilla,
-             rl("frozen_lake", "grpo", "grpo_s", "StarPO-S GRPO", {}, own),
-             rl("frozen_lake", "ppo", "ppo_s", "StarPO-S PPO", {}, own),
-             rl("frozen_lake", "grpo", "vanilla", "vanilla StarPO (GRPO)", {"vanilla": True},
-                own))
+    def per_env(env: str, grpo_final: dict[str, str]) -> tuple[Setting, Setting, Setting]:
+        """StarPO-S GRPO, StarPO-S PPO and vanilla StarPO on `env`, in the table's order."""
+        return (rl(env, "grpo", "grpo_s", "StarPO-S GRPO", {}, grpo_final),
+                rl(env, "ppo", "ppo_s", "StarPO-S PPO", {}, own),
+                rl(env, "grpo", "vanilla", "vanilla StarPO (GRPO)", {"vanilla": True}, own))
+
+    grpo, ppo, vanilla = per_env("sokoban", full("sokoban"))
+    table = (grpo, ppo, vanilla, *per_env("frozen_lake", own))
     multi = Spec("multi_turn", "2. Multi-turn learning from an SFT start: Sokoban and "
                  "FrozenLake", "table4", SFT_ABOUT, table, seeds)
     echo = Spec("echo_trap_sokoban", "2b. Echo Trap in multi-turn: vanilla StarPO against "
