@@ -254,6 +254,48 @@ def test_train_step_equals_the_per_row_step(algo, optim, loss, rollout_out):
         np.testing.assert_allclose(a, b, rtol=0, atol=5e-5)
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_prepare_over_the_real_length_equals_the_whole_buffer(rollout_out, monkeypatch, shared):
+    """PPO's prepare (old log-probs, the critic's values, advantages, returns) over the
+    shortest width that holds the kept rows' real tokens equals the whole buffer's wherever
+    they are read (the reply tokens); past the width that ran, the values are 0."""
+    setup = tiny_bandit_setup()
+    config = TrainConfig(
+        algo="ppo", rollout=ROLLOUT, filter=FilterConfig(keep_ratio=0.5),
+        optim=OptimConfig(minibatch_rows=8, micro_batches=2, shared_prefix=shared))
+
+    # 200 more columns of padding (a longer buffer), so that a cut width holds the real tokens.
+    extra = 200
+    pad = lambda x, value: jnp.pad(x, ((0, 0), (0, extra)), constant_values=value)  # noqa: E731
+    out = rollout_out.replace(
+        tokens=pad(rollout_out.tokens, 0), loss_mask=pad(rollout_out.loss_mask, False),
+        turn_ids=pad(rollout_out.turn_ids, -1),
+        behaviour_logp=pad(rollout_out.behaviour_logp, 0.0),
+        behaviour_entropy=pad(rollout_out.behaviour_entropy, 0.0))
+
+    def prepare():
+        state = init_train_state(config, jax.random.PRNGKey(0), model=setup[0])
+        return jax.device_get(jax.jit(_fns(config, setup).prepare)(state, out))
+
+    monkeypatch.setattr(forward_lib, "TRIM_FROM", 10 ** 9)  # one width: the whole buffer
+    whole = prepare()
+    monkeypatch.setattr(forward_lib, "TRIM_FROM", 1)
+    monkeypatch.setattr(forward_lib, "WIDTH_MULTIPLE", 1)
+    trimmed = prepare()
+    length = whole.rollout.tokens.shape[1]
+    need = int(np.max(whole.rollout.lengths))
+    assert next(w for w in length_widths(length) if w >= need) < length  # a cut width runs
+    reply = np.asarray(whole.rollout.loss_mask)
+    assert reply.any() and whole.old_logp is not None
+    for name in ("old_logp", "old_values", "advantages", "returns"):
+        got, want = np.asarray(getattr(trimmed, name)), np.asarray(getattr(whole, name))
+        np.testing.assert_allclose(got[reply], want[reply], rtol=1e-5, atol=1e-6, err_msg=name)
+    # The last column is past the width that ran: 0 there, the critic's value of a pad token
+    # in the whole buffer's pass.
+    assert np.all(np.asarray(trimmed.old_values)[:, -1] == 0)
+    assert np.any(np.asarray(whole.old_values)[:, -1] != 0)
+
+
 def test_switch_is_validated_and_plans_fall_back_when_nothing_is_shared():
     """optim.shared_prefix must be a bool; a slice with as many groups as rows, or no known
     first-prompt width (a host rollout), runs the per-row forward."""

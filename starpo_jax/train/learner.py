@@ -120,9 +120,8 @@ def make_learner(config: TrainConfig, *, model: Decoder, prompt_width: int | Non
             state.actor, kept, kept_groups, prepare_plan)
         values = None
         if ppo:
-            values = in_row_slices(
-                lambda b: forwards.values(critic_params(state, lora), *b, prepare_plan),
-                (kept, kept_groups), opt.micro_batches, mesh)
+            values = forwards.no_grad_values(critic_params(state, lora), kept, kept_groups,
+                                             prepare_plan)
         # With `kept` inside, the mark waits for the rollout even when nothing was computed.
         old_logp, values, kept = mark(phase_clock, "old_logprobs", (old_logp, values, kept))
         adv, returns = advantages(config, kept, values)
@@ -385,6 +384,16 @@ class Forwards:
         memory), over the rows' real length."""
         def run(rows):
             return (), in_row_slices(lambda b: self.logprobs(params, *b, plan, graph)[0],
+                                     (rows, groups), self.micro_batches, self.mesh)
+
+        return over_rows_length(run, rows, rows, plan)[1]
+
+    def no_grad_values(self, params: nnx.State, rows: Rollout, groups: jax.Array,
+                       plan: PrefixPlan | None) -> jax.Array:
+        """The critic's values [R, L] (zero past the rows' real length), as no_grad_logprobs
+        runs the log-probs: in row slices, over the real length."""
+        def run(rows):
+            return (), in_row_slices(lambda b: self.values(params, *b, plan),
                                      (rows, groups), self.micro_batches, self.mesh)
 
         return over_rows_length(run, rows, rows, plan)[1]
