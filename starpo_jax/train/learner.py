@@ -380,21 +380,22 @@ class Forwards:
     def no_grad_logprobs(self, params: nnx.State, rows: Rollout, groups: jax.Array,
                          plan: PrefixPlan | None, graph: nnx.GraphDef | None = None,
                          ) -> jax.Array:
-        """Log-probs [R, L] without a gradient, in optim.micro_batches row slices (bounds
-        memory), over the rows' real length."""
-        def run(rows):
-            return (), in_row_slices(lambda b: self.logprobs(params, *b, plan, graph)[0],
-                                     (rows, groups), self.micro_batches, self.mesh)
-
-        return over_rows_length(run, rows, rows, plan)[1]
+        """Log-probs [R, L] without a gradient (in_slices_over_real_length)."""
+        return self.in_slices_over_real_length(
+            lambda b: self.logprobs(params, *b, plan, graph)[0], rows, groups, plan)
 
     def no_grad_values(self, params: nnx.State, rows: Rollout, groups: jax.Array,
                        plan: PrefixPlan | None) -> jax.Array:
-        """The critic's values [R, L] (zero past the rows' real length), as no_grad_logprobs
-        runs the log-probs: in row slices, over the real length."""
+        """The critic's values [R, L] before an update (in_slices_over_real_length)."""
+        return self.in_slices_over_real_length(
+            lambda b: self.values(params, *b, plan), rows, groups, plan)
+
+    def in_slices_over_real_length(self, fn: Callable[[Any], jax.Array], rows: Rollout,
+                                   groups: jax.Array, plan: PrefixPlan | None) -> jax.Array:
+        """fn((rows, groups)) -> [R, L], a forward without a gradient, in optim.micro_batches
+        row slices (bounds memory) over the rows' real length (0 past the width that ran)."""
         def run(rows):
-            return (), in_row_slices(lambda b: self.values(params, *b, plan),
-                                     (rows, groups), self.micro_batches, self.mesh)
+            return (), in_row_slices(fn, (rows, groups), self.micro_batches, self.mesh)
 
         return over_rows_length(run, rows, rows, plan)[1]
 
