@@ -4,6 +4,7 @@ commit's, printed by its own copy of the script), and --suite's matrix is issue 
 import pytest
 
 from helpers.scripts import bench_module
+from helpers.tiny import tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +60,25 @@ def test_suite_is_target_one_matrix(step):
     for c in configs:  # the suite's shape: 4 x 8 rollouts, 16-token NoThink replies
         assert (c.rollout.groups, c.rollout.group_size, c.rollout.reply_tokens, c.nothink) == (
             4, 8, 16, True)
+
+
+def _auto_config():
+    """The tiny run config with one memory knob, optim.micro_batches, left for autofit."""
+    c = tiny_config()
+    c.rollout.update(cache_dtype="float32", chunks=1)
+    c.optim.update(remat=False, micro_batches=None)
+    return c
+
+
+def test_compile_only_of_a_config_reports_autofits_choice_and_its_plan(step):
+    c = _auto_config()
+    row = step.compile_config("tiny.py", c, available=lambda: 2**40)
+    # Room for anything: the fastest setting (one micro-batch), one compile, its plan.
+    assert row["knobs"] == "mb 1, remat False, float32 cache, 1 chunks"
+    assert row["chosen"] == "optim.micro_batches" and row["compiled"] == 1
+    assert 0 < row["needed_gib"] < row["available_gib"] == 1024
+    assert (row["model"], row["B"]) == ("tiny.py: tiny-random",
+                                        c.rollout.groups * c.rollout.group_size)
+    # No room: fails as run.py would, naming the knob it tried and the settings that shrink it.
+    with pytest.raises(MemoryError, match="optim.micro_batches="):
+        step.compile_config("tiny.py", _auto_config(), available=lambda: 2**20)

@@ -10,6 +10,7 @@
                                                  # FrozenLake, 4 x 8, 5 turns, 16-token replies,
                                                  # GRPO and PPO, full fine-tuning and LoRA
     python experiments/bench/step.py --paper     # sokoban_ppo.py with 100-token replies
+    python experiments/bench/step.py --paper --compile-only # what autofit chooses, its plan
     python experiments/bench/step.py --suite --profile      # + rollout / update phase split
     python experiments/bench/step.py --suite --against 4eb1311 --pairs 2   # side by side
 
@@ -31,7 +32,11 @@ the line it prints says what it chose); `--set KEY=VALUE` overrides a key (repea
 
 --compile-only compiles the whole SmolLM2 step at the issue-5 shape without running it and
 prints compile wall and CPU seconds, XLA's memory_analysis (temporaries, arguments, outputs:
-temp + arguments is what the step needs resident) and the process's peak RSS.
+temp + arguments is what the step needs resident) and the process's peak RSS. With --config,
+--suite or --paper it compiles each config's step as run.py would run it instead: the memory
+knobs the config leaves unset chosen by autofit first (the candidates it compiled are counted,
+and their compiles are in the seconds), then the chosen step's plan against the free memory
+(what to expect of a run before spending its step time, e.g. on a GPU whose compiles are long).
 
 The step is compiled ahead of time (compile and run are timed apart) and run once, or `--runs
 N` times in a row (each run the next step of the same state), the phases read from the last:
@@ -66,7 +71,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -92,6 +97,7 @@ from starpo_jax.phases import phase_name  # noqa: E402
 from starpo_jax.analysis.suite import load_config  # noqa: E402
 from starpo_jax.analysis.sweep import parse_overrides, setting_config  # noqa: E402
 from starpo_jax.rollout.jax_env import buffer_length, prefill_cache  # noqa: E402
+from starpo_jax.sizing.memory import host_available_bytes  # noqa: E402
 from starpo_jax.text import build_codec  # noqa: E402
 from starpo_jax.train.step import (filter_selection, init_train_state, make_train_fns,  # noqa: E402
                                    make_train_step)
@@ -169,6 +175,32 @@ def compile_only(model_name: str, env_name: str, p: int, n: int, turns: int, rep
                 out_gib=memory.output_size_in_bytes / gib,
                 temp_plus_args_gib=(memory.temp_size_in_bytes
                                     + memory.argument_size_in_bytes) / gib,
+                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+
+
+def compile_config(name: str, config,
+                   available: Callable[[], int | None] = host_available_bytes) -> dict:
+    """Compiles run config `config`'s step (read from file `name`) as experiments/run.py does,
+    without running it: the memory knobs it leaves unset chosen first (autofit compiles
+    candidates against `available()`), then XLA's plan of the step that would run. Raises
+    MemoryError, as run.py does, when that step does not fit."""
+    exp = api.build(config)
+    wall, cpu = time.perf_counter(), time.process_time()
+    plan = api.check_memory(exp, available=available)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if exp.memory is not None:
+        print(f"  {exp.memory.line()}", file=sys.stderr, flush=True)
+    o, r = exp.train.optim, exp.train.rollout
+    chosen = exp.memory.auto if exp.memory is not None else ()
+    gib = 2**30
+    return dict(model=f"{name}: {config.model.source}", B=r.groups * r.group_size,
+                L=buffer_length(exp.codec, r),
+                knobs=f"mb {o.micro_batches}, remat {o.remat}, {r.cache_dtype} cache, "
+                      f"{r.chunks} chunks",
+                chosen=", ".join(chosen) or "none (set, or nothing to size against)",
+                compiled=len(exp.memory.compiled) if exp.memory is not None else 1,
+                compile_wall=wall, compile_cpu=cpu, needed_gib=plan.needed / gib,
+                available_gib=None if plan.available is None else plan.available / gib,
                 peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
 
 
@@ -476,7 +508,9 @@ def main() -> None:
     parser.add_argument("--algo", default="ppo", choices=("ppo", "grpo"))
     parser.add_argument("--reply", type=int, default=100, help="reply token budget per turn")
     parser.add_argument("--compile-only", action="store_true",
-                        help="SmolLM2, P=8, N=16, 5 turns: compile the step, print its memory plan")
+                        help="compile the step, print its memory plan (with --config, "
+                        "--suite or --paper: each config's step with the memory knobs autofit "
+                        "chooses; else SmolLM2, P=8, N=16, 5 turns with the knob flags)")
     parser.add_argument("--micro-batches", type=int, default=1, help="optim.micro_batches")
     parser.add_argument("--remat", action="store_true", help="optim.remat")
     parser.add_argument("--cache-dtype", default="float32", choices=("float32", "bfloat16"),
@@ -508,9 +542,9 @@ def main() -> None:
     if args.set and not names:
         parser.error("--set goes with --config, --suite or --paper")
     if args.against:
-        if not names or args.profile or args.json:
-            parser.error("--against goes with --config, --suite or --paper (and not --profile "
-                         "or --json): it runs each config on both codes")
+        if not names or args.profile or args.json or args.compile_only:
+            parser.error("--against goes with --config, --suite or --paper (and not --profile, "
+                         "--json or --compile-only): it runs each config on both codes")
         if args.pairs < 1:
             parser.error(f"--pairs must be >= 1; got {args.pairs}")
         against(args.against, [(name, sets + args.set) for name, sets in names],
@@ -518,17 +552,21 @@ def main() -> None:
         return
     knobs = dict(micro_batches=args.micro_batches, remat=args.remat, cache_dtype=args.cache_dtype,
                  chunks=args.rollout_chunks)
-    if args.compile_only:
-        row = compile_only("smollm2-135m-instruct", args.env, 8, 16, 5, args.reply, args.algo,
-                           knobs)
-        print(" | ".join(row))
-        print(" | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
-        return
     if names:
         try:
             configs = [(name, _read_config(name, sets + args.set)) for name, sets in names]
         except (ValueError, FileNotFoundError) as error:
             parser.error(str(error))
+    if args.compile_only:
+        rows = ([compile_config(n, c) for n, c in configs] if names else
+                [compile_only("smollm2-135m-instruct", args.env, 8, 16, 5, args.reply,
+                              args.algo, knobs)])
+        for row in rows:
+            print(" | ".join(row))
+            print(" | ".join(f"{v:.2f}" if isinstance(v, float) else str(v)
+                             for v in row.values()))
+        return
+    if names:
         cases = [lambda n=n, c=c: _setup_config(n, c) for n, c in configs]
     elif args.quick:
         cases = [lambda: _setup("tiny-random", args.env, 2, 4, 2, 16, args.algo, knobs)]
