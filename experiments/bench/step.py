@@ -190,18 +190,25 @@ def compile_config(name: str, config,
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if exp.memory is not None:
         print(f"  {exp.memory.line()}", file=sys.stderr, flush=True)
-    o, r = exp.train.optim, exp.train.rollout
-    chosen = exp.memory.auto if exp.memory is not None else ()
-    gib = 2**30
-    return dict(model=f"{name}: {config.model.source}", B=r.groups * r.group_size,
-                L=buffer_length(exp.codec, r),
-                knobs=f"mb {o.micro_batches}, remat {o.remat}, {r.cache_dtype} cache, "
-                      f"{r.chunks} chunks",
-                chosen=", ".join(chosen) or "none (set, or nothing to size against)",
-                compiled=len(exp.memory.compiled) if exp.memory is not None else 1,
-                compile_wall=wall, compile_cpu=cpu, needed_gib=plan.needed / gib,
-                available_gib=None if plan.available is None else plan.available / gib,
-                peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    r, gib = exp.train.rollout, 2**30
+    row = dict(model=f"{name}: {config.model.source}", B=r.groups * r.group_size,
+               L=buffer_length(exp.codec, r), knobs=_knobs(exp.train),
+               chosen=", ".join(exp.memory.auto) if exp.memory is not None
+               else "none (set, or nothing to size against)",
+               compiled=len(exp.memory.compiled) if exp.memory is not None else 1,
+               compile_wall=wall, compile_cpu=cpu, needed_gib=plan.needed / gib,
+               available_gib=None if plan.available is None else plan.available / gib,
+               peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    del exp  # the next config's (--suite) would otherwise be built beside it
+    gc.collect()
+    jax.clear_caches()
+    return row
+
+
+def _knobs(config: TrainConfig) -> str:
+    """A step's memory knobs, as a row's `knobs` column shows them."""
+    o, r = config.optim, config.rollout
+    return f"mb {o.micro_batches}, remat {o.remat}, {r.cache_dtype} cache, {r.chunks} chunks"
 
 
 class PhaseTimes:
@@ -293,11 +300,8 @@ def bench(setup: Setup, peak: float, runs: int = 1) -> dict:
                          real_share=real_share[name],
                          tok_s=tokens[name] / seconds[name], gflop=flops[name] / 1e9,
                          mfu=flops[name] / seconds[name] / peak) for name in PHASES}
-    o = config.optim
     return dict(model=name, env=env_name, algo=config.algo, B=rows,
-                L=length, turns=r.max_turns, reply=r.reply_tokens,
-                knobs=f"mb {o.micro_batches}, remat {o.remat}, {r.cache_dtype} cache, "
-                      f"{r.chunks} chunks",
+                L=length, turns=r.max_turns, reply=r.reply_tokens, knobs=_knobs(config),
                 compile_step=compile_time, **seconds, step=step_time,
                 tok_s=tokens["rollout"] / step_time, gen_tok_s=generated / rollout_end,
                 mfu=sum(flops.values()) / step_time / peak,
@@ -561,8 +565,8 @@ def main() -> None:
         rows = ([compile_config(n, c) for n, c in configs] if names else
                 [compile_only("smollm2-135m-instruct", args.env, 8, 16, 5, args.reply,
                               args.algo, knobs)])
+        print(" | ".join(rows[0]))
         for row in rows:
-            print(" | ".join(row))
             print(" | ".join(f"{v:.2f}" if isinstance(v, float) else str(v)
                              for v in row.values()))
         return
