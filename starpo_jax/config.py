@@ -45,6 +45,12 @@ MODEL_DTYPES = ("float32", "bfloat16", "float16")
 # The dtypes a run may store its weights, KV cache or LoRA base in (model.dtype,
 # rollout.cache_dtype, lora.base_dtype): one tuple, named for each use below.
 RUN_DTYPES = ("float32", "bfloat16")
+# The matmul precisions a model may trace with (jax.default_matmul_precision's names; models/
+# config.py's ModelConfig.matmul_precision), and model.matmul_precision's: "auto" = "highest" on
+# a GPU or TPU (float32 that means float32; XLA's default there is TF32 / bfloat16 passes),
+# XLA's default on a CPU (exact float32 already); "default" = XLA's default on every backend.
+MATMUL_PRECISIONS = ("default", "high", "highest")
+RUN_MATMUL_PRECISIONS = ("auto", *MATMUL_PRECISIONS)
 # The named models load_pretrained knows (models/loading.py), besides paths.
 EMBEDDED_NAME = "smollm2-135m-instruct"
 TINY_RANDOM_NAME = "tiny-random"

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 # The projections of a layer that can carry LoRA adapters (layers.py's weight names), with
 # LoraConfig, and the names accepted for `dtype` / `param_dtype`: defined without JAX.
 from starpo_jax.config import LORA_TARGETS  # noqa: F401
+from starpo_jax.config import MATMUL_PRECISIONS, RUN_MATMUL_PRECISIONS
 from starpo_jax.config import MODEL_DTYPES as DTYPES
 
 #: Hugging Face architecture name -> (model_type, whether q/k/v projections carry a bias).
@@ -27,6 +28,19 @@ _HF_DEFAULTS = {
     "qwen2": {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False},
     "llama": {"rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie_word_embeddings": False},
 }
+
+
+def resolve_matmul_precision(name: str, backend: str) -> str | None:
+    """ModelConfig.matmul_precision for the run key model.matmul_precision (RUN_MATMUL_PRECISIONS)
+    on `backend` (jax.default_backend()): "auto" is "highest" on an accelerator, whose default
+    float32 matmuls are not float32 (TF32 on NVIDIA GPUs since Ampere, bfloat16 passes on TPUs),
+    and XLA's default (None) on a CPU, where float32 is float32 already; "default" is None."""
+    if name not in RUN_MATMUL_PRECISIONS:
+        raise ValueError(f"model.matmul_precision = {name!r} is invalid; valid: one of "
+                         f"{RUN_MATMUL_PRECISIONS}")
+    if name == "auto":
+        return None if backend == "cpu" else "highest"
+    return None if name == "default" else name
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,6 +70,11 @@ class ModelConfig:
     lora_rank: int = 0
     lora_alpha: float = 64.0
     lora_targets: tuple[str, ...] = ()
+    # The precision of every matmul the model's forward and backward trace (applied as
+    # jax.default_matmul_precision around them): None = XLA's default for the backend (on a GPU,
+    # float32 matmuls then run in TF32), or one of MATMUL_PRECISIONS ("highest": float32 that
+    # means float32 on every backend).
+    matmul_precision: str | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -90,6 +109,9 @@ class ModelConfig:
                     f"ModelConfig.{name} must be one of {DTYPES}; got {getattr(self, name)!r}"
                 )
 
+        if self.matmul_precision is not None and self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"ModelConfig.matmul_precision must be None or one of "
+                             f"{MATMUL_PRECISIONS}; got {self.matmul_precision!r}")
         if not isinstance(self.lora_rank, int) or isinstance(self.lora_rank, bool) or (
                 self.lora_rank < 0):
             raise ValueError(f"ModelConfig.lora_rank must be an int >= 0; got {self.lora_rank!r}")

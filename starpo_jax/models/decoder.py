@@ -11,6 +11,7 @@ Pass parameters into compiled code rather than closing over them:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import jax
@@ -39,6 +40,15 @@ def _check_inputs(
         raise ValueError(
             f"cache batch size {cache.batch_size} != input_ids batch size {input_ids.shape[0]}"
         )
+
+
+def matmul_precision(config: ModelConfig) -> contextlib.AbstractContextManager:
+    """The context a model's matmuls are traced in: jax.default_matmul_precision of
+    config.matmul_precision (read when each dot is traced, so the backward's transposed dots
+    keep it), or no change when it is None."""
+    if config.matmul_precision is None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(config.matmul_precision)
 
 
 def init_value_head(config: ModelConfig, key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -94,6 +104,10 @@ class Decoder(nnx.Module):
 
         attend (with positions, no mask or cache): the attention of every layer, replacing the
         causal one (see LayerStack; the shared-prefix forward, train/shared_prefix.py)."""
+        with matmul_precision(self.config):
+            return self._hidden_states(input_ids, positions, attention_mask, cache, attend)
+
+    def _hidden_states(self, input_ids, positions, attention_mask, cache, attend):
         _check_inputs(input_ids, positions, attention_mask, cache)
         cfg = self.config
         b, t = input_ids.shape
@@ -129,11 +143,12 @@ class Decoder(nnx.Module):
 
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
         """LM head: hidden [..., D] -> logits [..., V] float32 (float32 accumulation)."""
-        if self.lm_head is None:
-            w = self.embed[...].astype(hidden.dtype)
-            return jnp.einsum("...d,vd->...v", hidden, w, preferred_element_type=jnp.float32)
-        w = self.lm_head[...].astype(hidden.dtype)
-        return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+        with matmul_precision(self.config):
+            if self.lm_head is None:
+                w = self.embed[...].astype(hidden.dtype)
+                return jnp.einsum("...d,vd->...v", hidden, w, preferred_element_type=jnp.float32)
+            w = self.lm_head[...].astype(hidden.dtype)
+            return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
 
     def __call__(
         self,
@@ -155,7 +170,11 @@ class Decoder(nnx.Module):
         attention_mask: jax.Array | None = None,
     ) -> jax.Array:
         """Scalar value per token [B, T] float32 (critic); needs `value_head=True`."""
+        return self.value_from_hidden(self.hidden_states(input_ids, positions, attention_mask))
+
+    def value_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """Value head: hidden [..., D] -> values [...] float32; needs `value_head=True`."""
         if self.value_head is None:
             raise ValueError("this Decoder has no value head; build it with value_head=True")
-        h = self.hidden_states(input_ids, positions, attention_mask)
-        return h.astype(jnp.float32) @ self.value_head[...] + self.value_bias[...]
+        with matmul_precision(self.config):
+            return hidden.astype(jnp.float32) @ self.value_head[...] + self.value_bias[...]

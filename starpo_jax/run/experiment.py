@@ -31,6 +31,7 @@ from starpo_jax.sizing import autofit
 from starpo_jax.sizing.memory import (MemoryPlan, budget, host_available_bytes, release_freed_heap,
                                step_plan)
 from starpo_jax.models import load_pretrained
+from starpo_jax.models.config import resolve_matmul_precision
 from starpo_jax.models.lora import adapted
 from starpo_jax.phases import StepProgress
 from starpo_jax.rollout.jax_env import buffer_length
@@ -190,6 +191,8 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     if full.model.init_from:
         model = load_init_weights(model, full.model.init_from, full.model.source,
                                   full.model.dtype)
+    model.config = dataclasses.replace(model.config, matmul_precision=resolve_matmul_precision(
+        full.model.matmul_precision, jax.default_backend()))
     init_key, key = run_keys(full.seed)
     # With LoRA the model gains its adapters here (the key init_train_state would use), so that
     # the evaluator and the rollout read the same graph.

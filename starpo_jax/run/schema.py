@@ -35,8 +35,8 @@ from envs_jax.catalog import BUILTIN
 from starpo_jax.checks import is_int, require_valid
 from starpo_jax.config import (EMBEDDED_NAME, TINY_RANDOM_NAME, AdvantageConfig, CollapseConfig,
                                EvalConfig, FilterConfig, LoraConfig, LossConfig, MonitorConfig,
-                               OptimConfig, RolloutConfig, RUN_DTYPES, TrainConfig, VANILLA_FILTER,
-                               VANILLA_LOSS, default_eval_envs)
+                               OptimConfig, RolloutConfig, RUN_DTYPES, RUN_MATMUL_PRECISIONS,
+                               TrainConfig, VANILLA_FILTER, VANILLA_LOSS, default_eval_envs)
 from starpo_jax.run.workdir import read_json_object
 
 ConfigDict = config_dict.ConfigDict
@@ -137,7 +137,7 @@ def default_config() -> ConfigDict:
     c.vanilla = False
     c.nothink = False
     c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32",
-                          "init_from": ""})
+                          "init_from": "", "matmul_precision": "auto"})
     c.mesh = ConfigDict({"tp": 1})
     # env.module: comma-separated modules imported before env.name is looked up, so that envs
     # a user's package registers on import (envs_host.register, envs_jax.register) train by
@@ -282,6 +282,9 @@ def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
              f"{EMBEDDED_NAME!r}, {TINY_RANDOM_NAME!r}, the path of a .gguf file or of a Hugging "
              "Face model directory")
     require_valid("model.dtype", full.model.dtype, full.model.dtype in DTYPES, f"one of {DTYPES}")
+    require_valid("model.matmul_precision", full.model.matmul_precision,
+                  full.model.matmul_precision in RUN_MATMUL_PRECISIONS,
+                  f"one of {RUN_MATMUL_PRECISIONS}")
     init = full.model.init_from
     require_valid("model.init_from", init, isinstance(init, str) and (
         not init or (Path(init) / "config.json").is_file()),

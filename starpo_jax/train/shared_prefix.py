@@ -142,10 +142,8 @@ def shared_values(critic: Decoder, batch, groups: jax.Array, plan: PrefixPlan) -
     V of the context before each token (0 at t = 0; junk after t = length)."""
     hidden = shared_hidden(critic, batch.tokens, batch.lengths, batch.prompt_lengths, groups,
                            plan)
-    def head(h):  # Decoder.value's head
-        return h.astype(jnp.float32) @ critic.value_head[...] + critic.value_bias[...]
-
-    prefix, suffix = head(hidden.prefix), head(hidden.suffix)  # [P, W], [s, S]
+    prefix = critic.value_from_hidden(hidden.prefix)  # [P, W]
+    suffix = critic.value_from_hidden(hidden.suffix)  # [s, S]
     before = jnp.arange(batch.tokens.shape[1] - 1)  # t - 1 for t = 1 .. L - 1
     start = hidden.start[:, None]
     from_prefix = prefix[hidden.slot[:, None], jnp.minimum(before, prefix.shape[1] - 1)]
