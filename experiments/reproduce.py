@@ -24,7 +24,7 @@ from starpo_jax.hostmem import reexec_with_huge_pages  # noqa: E402
 if __name__ == "__main__":
     reexec_with_huge_pages()  # first: huge pages for XLA's CPU buffers (starpo_jax/hostmem.py)
 
-from starpo_jax.analysis.reproduce import reproduce  # noqa: E402
+from starpo_jax.analysis.reproduce import MEMORY_WAIT_SECONDS, reproduce  # noqa: E402
 from starpo_jax.analysis.suite import SUITES  # noqa: E402
 from starpo_jax.run.workdir import RunFault  # noqa: E402
 
@@ -45,10 +45,16 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], metavar="EXPERIMENT",
                         help="train only this experiment's runs (repeatable; the report still "
                         "covers every experiment's finished runs)")
+    parser.add_argument("--memory-wait", type=float, default=MEMORY_WAIT_SECONDS / 60,
+                        metavar="MINUTES", help="how long a run whose step does not fit the "
+                        "free memory waits for it, trying again every minute (default "
+                        f"{MEMORY_WAIT_SECONDS / 60:g}; 0: stop at once)")
     args = parser.parse_args()
+    if not args.memory_wait >= 0:
+        parser.error(f"--memory-wait {args.memory_wait:g} is invalid; valid: minutes >= 0")
     reproduce(SUITES[args.suite](), args.suite, args.workdir, dry_run=args.dry_run,
               report_only=args.report_only, keep_checkpoints=args.keep_checkpoints,
-              overrides=args.set, only=args.only)
+              overrides=args.set, only=args.only, memory_wait=args.memory_wait * 60)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -285,6 +287,85 @@ def test_only_trains_the_named_experiments_and_refuses_unknown_names(tmp_path):
         reproduce.reproduce(suites.cpu_suite(), "cpu", tmp_path, only=["echo"],
                             stream=io.StringIO())
     assert not any(tmp_path.iterdir()), "nothing is trained or written"
+
+
+class _Clock:
+    """time.monotonic stand-in that a stop Event's wait advances (no real sleeping)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _Stop:
+    def __init__(self, clock, set_after=None):
+        self.clock, self.set_after, self.waits = clock, set_after, []
+
+    def wait(self, seconds):
+        self.waits.append(seconds)
+        self.clock.now += seconds
+        return self.set_after is not None and len(self.waits) >= self.set_after
+
+    def is_set(self):
+        return False
+
+
+def _fails(times):
+    calls = []
+
+    def train():
+        calls.append(1)
+        if len(calls) <= times:
+            raise MemoryError("the compiled train step would not fit: 9 GiB of 4 GiB free. "
+                              "Settings that shrink it: ...")
+        return 7
+    return train, calls
+
+
+def test_a_run_waits_for_free_memory_and_says_so():
+    clock, lines = _Clock(), []
+    train, calls = _fails(2)
+    stop = _Stop(clock)
+    assert reproduce.waiting_for_memory(train, stop, lines.append, 600, 60, clock) == 7
+    assert len(calls) == 3 and stop.waits == [60, 60]
+    assert lines[0] == ("  not enough free memory now (the compiled train step would not fit: "
+                        "9 GiB of 4 GiB free); waiting 60 s and trying again (waited 0 s of up "
+                        "to 10 min)")
+    assert "(waited 60 s of up to 10 min)" in lines[1] and len(lines) == 2
+
+
+def test_the_wait_is_bounded_and_a_stop_ends_it():
+    clock = _Clock()
+    train, calls = _fails(100)
+    with pytest.raises(MemoryError, match=r"9 GiB of 4 GiB free.*\(waited 5 min for free "
+                                          r"memory, --memory-wait 5 min\)"):
+        reproduce.waiting_for_memory(train, _Stop(clock), lambda _: None, 300, 60, clock)
+    assert len(calls) == 6, "tried at 0, 1, .., 5 minutes"
+    train, calls = _fails(100)
+    with pytest.raises(MemoryError, match=r"free. Settings that shrink it: \.\.\.$"):
+        reproduce.waiting_for_memory(train, _Stop(clock), lambda _: None, 0, 60, clock)
+    assert len(calls) == 1, "--memory-wait 0: today's stop at once"
+    train, calls = _fails(100)
+    assert reproduce.waiting_for_memory(train, _Stop(_Clock(), set_after=2), lambda _: None,
+                                        3600, 60) is None
+    assert len(calls) == 2, "a stop during the wait: the suite stops, resumable"
+
+
+def test_the_suite_retries_a_run_that_found_too_little_memory(tmp_path, monkeypatch):
+    """_train_one's wiring: runner.train raising MemoryError once, then training."""
+    exp = tiny_experiment()
+    train, calls = _fails(1)
+    monkeypatch.setattr(reproduce.runner, "train", lambda *a, **k: (train(), exp.config.steps)[1])
+    monkeypatch.setattr(reproduce, "MEMORY_POLL_SECONDS", 0.0)
+    monkeypatch.setattr(reproduce.waiting_for_memory, "__defaults__", (0.0, time.monotonic))
+    setting = suites.Setting("tiny", "tiny", tiny_config, {})
+    lines = []
+    assert reproduce._train_one(exp, tmp_path / "run", setting, threading.Event(),
+                                lines.append, keep_checkpoints=True, memory_wait=60)
+    assert len(calls) == 2 and "not enough free memory now" in lines[0]
+    assert json.loads((tmp_path / "run" / "done.json").read_text())["steps"] == exp.config.steps
 
 
 def test_tee_output_copies_both_file_descriptors_to_the_log(tmp_path):

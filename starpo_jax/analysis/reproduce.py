@@ -67,7 +67,7 @@ from starpo_jax.analysis import report
 from starpo_jax.run import experiment, loop as runner
 from starpo_jax.run import sft as sft_lib
 from starpo_jax.analysis import sweep as sweep_lib
-from starpo_jax.run.writers import METRICS_FILE, format_duration
+from starpo_jax.run.writers import METRICS_FILE, format_duration, human_duration
 from starpo_jax.analysis.suite import (SFT_SEED, Setting, Suite, estimate_seconds, final_pairs,
                                        plan_text)
 from starpo_jax.run.workdir import check_config, write_atomically
@@ -76,6 +76,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DONE, BEFORE, FINAL = "done.json", "eval_step_0.json", "eval_final.json"
 BASELINES = "baselines.json"  # an SFT run's: the random policy and the solver, same states
 POLICIES = ("random", "solver")
+# A run whose step does not fit the memory free at its start waits this long for it, in all
+# (--memory-wait), trying again every MEMORY_POLL_SECONDS: a night's suite outlives a
+# neighbour's job instead of stopping at the first run that finds too little.
+MEMORY_WAIT_SECONDS = 2 * 3600.0
+MEMORY_POLL_SECONDS = 60.0
 SFT_METRICS = "val/sft/"  # an SFT run's own evaluation metrics (its held-out loss)
 ConfigDict = config_dict.ConfigDict
 
@@ -162,13 +167,42 @@ def _headline(metrics: dict[str, float], ends: tuple[str, ...]) -> str:
                      if k.endswith(ends) and "/failure/" not in k)
 
 
+def waiting_for_memory(train: Callable[[], int], stop: threading.Event,
+                       say: Callable[[str], None], wait_seconds: float,
+                       poll_seconds: float = MEMORY_POLL_SECONDS,
+                       clock: Callable[[], float] = time.monotonic) -> int | None:
+    """train() (-> steps done), tried again every `poll_seconds` while it raises MemoryError
+    (the step does not fit the memory free now: a neighbour's job may hold it), for up to
+    `wait_seconds` in all, each wait said in one line; then the MemoryError is raised, saying
+    how long it waited. Returns None when `stop` is set during a wait (the same command resumes
+    the suite)."""
+    began = clock()
+    while True:
+        try:
+            return train()
+        except MemoryError as error:
+            waited = clock() - began
+            if waited + poll_seconds > wait_seconds:
+                if not wait_seconds:
+                    raise
+                raise MemoryError(f"{error} (waited {human_duration(waited)} for free memory, "
+                                  f"--memory-wait {human_duration(wait_seconds)})") from None
+            say(f"  not enough free memory now ({str(error).split('. ')[0]}); waiting "
+                f"{human_duration(poll_seconds)} and trying again (waited "
+                f"{human_duration(waited)} of up to {human_duration(wait_seconds)})")
+            if stop.wait(poll_seconds):
+                return None
+
+
 def _train_one(exp: experiment.Experiment, path: Path, setting: Setting, stop: threading.Event,
-               say: Callable[[str], None], keep_checkpoints: bool) -> bool:
+               say: Callable[[str], None], keep_checkpoints: bool,
+               memory_wait: float = 0.0) -> bool:
     """One run into `path`: the step-0 evaluation if asked and missing, then runner.train
-    (resuming from a checkpoint if there is one), then done.json with its wall time and,
-    unless `keep_checkpoints`, its checkpoints deleted (a SmolLM2 run's are GiBs; a finished
-    run is never resumed). Returns whether the run finished (not when `stop` was set or the
-    collapse monitor stopped it)."""
+    (resuming from a checkpoint if there is one; waiting up to `memory_wait` seconds while its
+    step does not fit the free memory: waiting_for_memory), then done.json with its wall time
+    and, unless `keep_checkpoints`, its checkpoints deleted (a SmolLM2 run's are GiBs; a
+    finished run is never resumed). Returns whether the run finished (not when `stop` was set
+    or the collapse monitor stopped it)."""
     start = time.perf_counter()
     path.mkdir(parents=True, exist_ok=True)
     partial = path / "partial_seconds.json"  # wall time of earlier, interrupted attempts
@@ -182,10 +216,13 @@ def _train_one(exp: experiment.Experiment, path: Path, setting: Setting, stop: t
             metrics = experiment.build_evaluator(exp).evaluate(exp.state.actor).metrics
         write_atomically(path / BEFORE, json.dumps(metrics, indent=1) + "\n")
         say("  before training: " + _headline(metrics, ("/success", "/action_is_valid")))
-    resume = (path / "checkpoints").exists() and any((path / "checkpoints").iterdir())
-    done = runner.train(exp, path, resume=resume, stop=stop)
+    def train() -> int:
+        resume = (path / "checkpoints").exists() and any((path / "checkpoints").iterdir())
+        return runner.train(exp, path, resume=resume, stop=stop)
+
+    done = waiting_for_memory(train, stop, say, memory_wait)
     seconds = earlier + time.perf_counter() - start
-    if done < exp.config.steps:
+    if done is None or done < exp.config.steps:
         write_atomically(partial, json.dumps(seconds))
         return False
     if setting.final_eval and not (path / FINAL).exists():
@@ -201,10 +238,12 @@ def _train_one(exp: experiment.Experiment, path: Path, setting: Setting, stop: t
 
 
 def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
-              stop: threading.Event | None = None, keep_checkpoints: bool = False) -> bool:
+              stop: threading.Event | None = None, keep_checkpoints: bool = False,
+              memory_wait: float = MEMORY_WAIT_SECONDS) -> bool:
     """Trains every run of `suite` not finished in `workdir` (see the module docstring).
     Returns False when a run stopped early (`stop` set, SIGINT / SIGTERM in main, or the
-    collapse monitor's action): the same command resumes it."""
+    collapse monitor's action): the same command resumes it. A run whose step does not fit the
+    free memory waits for it, up to `memory_wait` seconds (waiting_for_memory)."""
     stop = stop or threading.Event()
     todo = [(s.name, seed) for s, seeds in suite.settings() for seed in seeds]
     estimate = {s.name: estimate_seconds(suite, s, 1) or 0.0 for s, _ in suite.settings()}
@@ -232,7 +271,7 @@ def run_suite(suite: Suite, workdir: Path, say: Callable[[str], None],
                 exp = sft_lib.build(config)
             else:
                 exp = experiment.build(config) if exp is None else for_seed(exp, config)
-            if not _train_one(exp, path, setting, stop, say, keep_checkpoints):
+            if not _train_one(exp, path, setting, stop, say, keep_checkpoints, memory_wait):
                 say(f"{tag}: stopped at step {exp.steps_done}/{config.steps}; the same command "
                     "resumes it")
                 return False
@@ -400,11 +439,12 @@ def _invocations(workdir: Path, seconds: float | None = None) -> list[float]:
 def reproduce(suite: Suite, name: str, workdir: Path, *, dry_run: bool = False,
               report_only: bool = False, keep_checkpoints: bool = False,
               overrides: Sequence[str] = (), only: Sequence[str] = (),
-              stream: TextIO | None = None) -> None:
+              stream: TextIO | None = None, memory_wait: float = MEMORY_WAIT_SECONDS) -> None:
     """What `experiments/reproduce.py --suite <name>` does with `suite` (SUITES[name]()): prints
     the plan; unless `dry_run`, trains its runs not finished in `workdir` (unless
     `report_only`; `only`: the experiments named, by Spec.name) and writes the report.
-    `overrides`: KEY=VALUE config overrides for every setting (--set)."""
+    `overrides`: KEY=VALUE config overrides for every setting (--set). `memory_wait`: how
+    long a run waits for free memory (--memory-wait; run_suite)."""
     if overrides:
         base = suite.experiments[0].settings[0].config()
         suite = suite.with_overrides(sweep_lib.parse_overrides(overrides, base))
@@ -431,7 +471,8 @@ def reproduce(suite: Suite, name: str, workdir: Path, *, dry_run: bool = False,
         start = time.perf_counter()
         with tee_output(workdir / "reproduce.log"), runner.stop_on_signals() as stop:
             try:
-                finished = run_suite(trained, workdir, say, stop, keep_checkpoints)
+                finished = run_suite(trained, workdir, say, stop, keep_checkpoints,
+                                     memory_wait)
             finally:
                 _invocations(workdir, time.perf_counter() - start)
         if not finished:
