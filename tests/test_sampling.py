@@ -136,6 +136,20 @@ def test_sampling_frequencies_follow_the_truncated_softmax(options, expected):
     np.testing.assert_allclose(counts / counts.sum(), expected, atol=0.015)
 
 
+def test_a_key_draws_the_same_tokens_whatever_the_rounding_of_the_logits():
+    """The sampled token survives the ~1e-6 rounding by which the same logits differ between
+    layouts (one device, a mesh, two processes: tests/test_multihost.py). On a flat 49152-token
+    distribution, as tiny-random's, an inverse CDF over a float32 cumulative sum moved ~3 in
+    1000 picks by a token id or more under such noise (and so changed whole replies)."""
+    logits = jax.random.normal(jax.random.key(0), (512, 49152)) * 0.1
+    noise = jax.random.normal(jax.random.key(1), logits.shape) * 1e-6
+    options = SamplingOptions(max_new_tokens=1)
+    for seed in range(5):
+        key = jax.random.key(10 + seed)
+        np.testing.assert_array_equal(sample_tokens(key, logits, options),
+                                      sample_tokens(key, logits + noise, options))
+
+
 def test_low_temperature_is_greedy_and_logprobs_match_numpy():
     logits = jax.random.normal(jax.random.key(0), (16, 30)) * 2
     cold = SamplingOptions(max_new_tokens=1, temperature=1e-4)

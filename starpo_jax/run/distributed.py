@@ -18,7 +18,17 @@ Otherwise nothing is initialised and the run is the usual single process (0, 1).
 
 On CPU the processes exchange collectives through gloo (jax's config
 `jax_cpu_collectives_implementation`), set here before the CPU backend starts, so a multi-process
-CPU run works without further flags.
+CPU run works without further flags. Gloo pairs the processes' collectives in the order each
+process issues them, and XLA:CPU orders a program's collectives only by a scheduling edge: the
+next one may start on another thread of the intra-op pool before the previous one has, so two
+processes can enter the same program's collectives in different orders. Where their sizes
+differ gloo aborts ("Received data size doesn't match expected size": seen in the PPO update of
+tests/test_multihost.py with 8 threads a process); where they agree the collectives would
+exchange each other's data without a word. So a multi-process CPU run
+gets one intra-op thread per process (PJRT_NPROC=1, set here before the CPU backend starts; a
+user's other value is replaced, with a line saying so), which runs the collectives one after
+the other in the program's order, and one CPU device per process (several would wait on each
+other in a one-thread pool). GPUs issue collectives in order on their streams: unaffected.
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ import numpy as np
 
 STANDARD_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 CPU_COLLECTIVES = "gloo"
+#: XLA:CPU's intra-op thread count in a multi-process run (see the module docstring).
+CPU_THREADS = "1"
 
 
 def _int(environ: Mapping[str, str], name: str, low: int) -> int:
@@ -85,10 +97,29 @@ def maybe_initialize(environ: Mapping[str, str] | None = None) -> tuple[int, int
     arguments = distributed_arguments(os.environ if environ is None else environ)
     if arguments is not None and not jax.distributed.is_initialized():
         # Before the backends start: the CPU client is built with the cross-process collectives
-        # of this setting (without it, a CPU computation spanning processes cannot run).
+        # of this setting (without it, a CPU computation spanning processes cannot run), and
+        # with one intra-op thread, which keeps every process's collectives in program order.
         jax.config.update("jax_cpu_collectives_implementation", CPU_COLLECTIVES)
+        ordered_cpu_collectives(os.environ)
         jax.distributed.initialize(**arguments)
+        cpu = [d for d in jax.local_devices() if d.platform == "cpu"]
+        if jax.default_backend() == "cpu" and len(cpu) > 1:
+            raise ValueError(f"{len(cpu)} CPU devices in this process (XLA_FLAGS "
+                             "--xla_force_host_platform_device_count or jax_num_cpu_devices) is "
+                             "invalid for a multi-process CPU run; valid: 1 (start one process "
+                             "per device: starpo_jax.run.distributed's docstring says why)")
     return jax.process_index(), jax.process_count()
+
+
+def ordered_cpu_collectives(environ: dict[str, str] | os._Environ) -> None:
+    """Sets PJRT_NPROC (XLA:CPU's intra-op thread count, read when the CPU backend starts) to
+    CPU_THREADS in `environ`, saying so when it replaces another value (module docstring)."""
+    before = environ.get("PJRT_NPROC")
+    if before is not None and before != CPU_THREADS:
+        print(f"PJRT_NPROC={before} replaced by {CPU_THREADS}: a multi-process CPU run keeps "
+              "each process's collectives in order with one intra-op thread "
+              "(starpo_jax.run.distributed)", flush=True)
+    environ["PJRT_NPROC"] = CPU_THREADS
 
 
 def any_process(flag: bool) -> bool:
