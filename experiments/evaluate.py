@@ -22,10 +22,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from starpo_jax.compile_cache import use_compile_cache  # noqa: E402
 from starpo_jax.hostmem import reexec_with_huge_pages  # noqa: E402
+from starpo_jax.xla_log import hide_slow_compile_alarm  # noqa: E402
 
 if __name__ == "__main__":
     reexec_with_huge_pages()  # first: huge pages for XLA's CPU buffers (starpo_jax/hostmem.py)
     use_compile_cache()  # before JAX loads: starpo_jax/compile_cache.py
+    hide_slow_compile_alarm()  # XLA's "Very slow compile?" block: starpo_jax/xla_log.py
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -45,14 +47,49 @@ def _define_flags() -> None:
 
 
 _PARSED: list[str] | None = None  # the arguments left by cli.parse_first, run as a script
+# The eval section's keys for the help page, with what they mean (their values: the run's).
+EVAL_KEYS = (
+    ("eval.episodes", "held-out initial states per env"),
+    ("eval.envs", "comma-separated envs (\"\": the run's env and its variants)"),
+    ("eval.modes", "greedy and / or sampled, comma-separated"),
+    ("eval.temperature", "the sampled mode's temperature"),
+    ("eval.pass_k", "sampled rollouts per state (pass@k)"),
+    ("eval.samples", "conversations written to samples/eval_step_<N>.txt"),
+    ("eval.seed", "evaluate on the held-out states of this seed's run"),
+)
+
+
+def _help() -> str:
+    """The --help page."""
+    return cli.help_page(
+        "python experiments/evaluate.py --workdir DIR [--step N] [--config.eval.KEY=VALUE ...]",
+        "Evaluates a run's checkpoint on held-out initial states and the out-of-distribution\n"
+        "envs; prints a table and writes eval_step_<N>.json and samples/eval_step_<N>.txt\n"
+        "in the workdir.",
+        ["python experiments/evaluate.py --workdir runs/quickstart",
+         "python experiments/evaluate.py --workdir runs/quickstart --step 16 "
+         "--config.eval.episodes=64"],
+        [("--workdir DIR", "the run's workdir (run.py's or sft.py's; required)"),
+         ("--step N", "the checkpoint to evaluate (default: the newest)"),
+         ("--config.eval.KEY=VALUE", "change an eval setting (only eval.* keys; below)"),
+         ("--help, --helpshort", "this page")],
+        keys=list(EVAL_KEYS), keys_title="eval keys (--config.eval.KEY=VALUE; unset: the "
+                                          "run's own values, from its config.json):",
+        more="Evaluation and its metrics: docs/evaluation-and-monitoring.md.")
+
+
+def _check() -> None:
+    """Before JAX and the envs load: --workdir given, the run's config and the overrides."""
+    if not flags.FLAGS.workdir:
+        raise app.UsageError("--workdir is required: the run's workdir, e.g. runs/quickstart")
+    evaluated_config(Path(flags.FLAGS.workdir),
+                     config_flags.get_override_values(flags.FLAGS["config"]))
+
 
 if __name__ == "__main__":
     # The workdir's config and the overrides are checked before JAX and the envs load
     # (seconds): a mistake is its one line at once.
-    _PARSED = cli.parse_first(
-        lambda: flags.FLAGS.workdir is None or evaluated_config(
-            Path(flags.FLAGS.workdir), config_flags.get_override_values(flags.FLAGS["config"])),
-        define_flags=_define_flags)
+    _PARSED = cli.parse_first(_check, define_flags=_define_flags, usage=_help)
 
 from starpo_jax.run import loop as runner  # noqa: E402
 
@@ -61,7 +98,7 @@ def _main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not flags.FLAGS.workdir:
-        raise app.UsageError("--workdir is required")
+        raise app.UsageError("--workdir is required: the run's workdir, e.g. runs/quickstart")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
@@ -70,7 +107,7 @@ def _main(argv: list[str]) -> None:
 
 def main() -> None:
     cli.run_app(_main, errors=(ValueError, FileNotFoundError), define_flags=_define_flags,
-                parsed=_PARSED)
+                parsed=_PARSED, usage=_help)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,13 @@ checkpoint under checkpoints/ (or of --step N) and writes it with
 starpo_jax.models.export.save_pretrained: config.json, safetensors weights (sharded above
 --max_shard_size), generation_config.json and the tokenizer with its chat template (files mode
 0644). The critic is not exported; a LoRA run's adapters are merged into the weights
-(W + A B * alpha / rank), so the directory is a plain model. The result loads with
+(W + A B * alpha / rank; the frozen base is rebuilt from model.source and model.init_from), so
+the directory is a plain model. The result loads with
 `transformers.AutoModelForCausalLM.from_pretrained(out)` and with our own `load_pretrained(out)`.
+Its chat template's generation prompt ends with the reply prefix the run forced before every
+reply ("<answer>" or "<think>"), so `apply_chat_template(messages, add_generation_prompt=True)`
+is the prompt the run fed its policy; starpo_prompt.json holds the run's system prompt, env
+intro, turn and reward templates, reply prefix, stop string and an example of turn 1.
 """
 
 from __future__ import annotations
@@ -27,7 +32,11 @@ from starpo_jax.run.schema import read_run_config  # noqa: E402
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python experiments/export.py", description=__doc__.split("\n\n")[0],
+        epilog="example: python experiments/export.py --workdir runs/quickstart --out "
+        "exported/quickstart (the result loads with transformers' from_pretrained and with "
+        "starpo_jax.models.load_pretrained; docs/models.md)")
     parser.add_argument("--workdir", required=True, help="the run's --workdir")
     parser.add_argument("--out", required=True, help="the directory to write (must not exist, "
                         "or be empty, unless --overwrite)")

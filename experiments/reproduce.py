@@ -20,9 +20,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from starpo_jax.hostmem import reexec_with_huge_pages  # noqa: E402
+from starpo_jax.xla_log import hide_slow_compile_alarm  # noqa: E402
 
 if __name__ == "__main__":
     reexec_with_huge_pages()  # first: huge pages for XLA's CPU buffers (starpo_jax/hostmem.py)
+    hide_slow_compile_alarm()  # XLA's "Very slow compile?" block: starpo_jax/xla_log.py
 
 from starpo_jax.analysis.reproduce import MEMORY_WAIT_SECONDS, reproduce  # noqa: E402
 from starpo_jax.analysis.suite import SUITES  # noqa: E402

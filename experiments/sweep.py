@@ -28,14 +28,43 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from starpo_jax.compile_cache import use_compile_cache  # noqa: E402
 from starpo_jax.hostmem import reexec_with_huge_pages  # noqa: E402
+from starpo_jax.xla_log import hide_slow_compile_alarm  # noqa: E402
 
 if __name__ == "__main__":
     reexec_with_huge_pages()  # first: huge pages for XLA's CPU buffers (starpo_jax/hostmem.py)
     use_compile_cache()  # before JAX loads: starpo_jax/compile_cache.py
+    hide_slow_compile_alarm()  # XLA's "Very slow compile?" block: starpo_jax/xla_log.py
 
 from starpo_jax.run import cli  # noqa: E402
-from starpo_jax.analysis import sweep as lib  # noqa: E402
 from starpo_jax.run.cli import CONFIG_DIR  # noqa: E402
+
+
+def _help() -> str:
+    """The --help page."""
+    return cli.help_page(
+        "python experiments/sweep.py --config CONFIG --workdir DIR [--grid KEY=V1,V2 ...] "
+        "[--seeds S,S ...]",
+        "Runs every combination of a grid of config values, each for every seed, and writes\n"
+        "results.csv, plots/ and summary.txt under the workdir (a re-run skips finished runs).",
+        ["python experiments/sweep.py --config quickstart --grid filter.keep_ratio=0.25,1.0 \\",
+         "    --seeds 0,1 --workdir sweeps/keep_ratio"],
+        [("--config CONFIG", "a config file, or a shipped config's name (below; .py optional)"),
+         ("--workdir DIR", "where the sweep writes (required)"),
+         ("--grid KEY=V1,V2", "a config key and its values; repeat for more keys"),
+         ("--seeds 0,1,2", "the seeds each setting runs with (default: 0)"),
+         ("--no-vmap", "run a setting's seeds one after another, not in one program"),
+         ("--final_steps N", "steps averaged at the end for summary.txt (default: 5)"),
+         ("--config.KEY=VALUE", "set a config key for every run (as in run.py)"),
+         ("--help, --helpshort", "this page")],
+        configs=cli.shipped_configs(CONFIG_DIR, sft=False),
+        more="Sweeps and the reproduction suite: docs/experiments.md; the keys: "
+             "docs/configuration.md.")
+
+
+if __name__ == "__main__":
+    cli.show_help(sys.argv, _help)  # before the sweep's imports (seconds)
+
+from starpo_jax.analysis import sweep as lib  # noqa: E402
 from starpo_jax.analysis.sweep_run import resolve_config_arg, sweep  # noqa: E402
 
 
@@ -68,7 +97,7 @@ def main() -> None:
               vmap=vmap.value, final_steps=final.value)
 
     # A grid, config or model mistake: one line.
-    cli.run_app(_main, resolve_config_arg(sys.argv), config_dir=CONFIG_DIR)
+    cli.run_app(_main, resolve_config_arg(sys.argv), config_dir=CONFIG_DIR, usage=_help)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@
 Building an experiment is run/experiment.py, the run loop run/loop.py, the config schema
 run/schema.py, the SFT warm start run/sft.py (`build_sft`: its step() is one supervised step),
 exporting a run run/export.py; docs/architecture.md has the whole tree.
+
+Loading the model, compiling, restoring, evaluating and saving say what they do as they start,
+as INFO records of the logger "starpo_jax.progress" printed on stdout (run/announce.py):
+silenced by `logging.getLogger("starpo_jax.progress").setLevel(logging.WARNING)`.
 """
 
 from starpo_jax.run.experiment import (AUTO, DTYPES, ENV_SETTINGS, SECTIONS, ConfigDict,

@@ -604,6 +604,9 @@ class MonitorConfig:
     spike: float = 5.0  # grad norm over this multiple of the recent median is a spike
     warmup: int = 5  # steps before peaks are tracked and alerts can fire
     smoothing: float = 0.7  # EMA weight of the past (0: raw values)
+    # steps in a row with no valid reply (rollout/action_is_valid = 0) that alert, no warmup;
+    # a run's first step with none is a notice at once, which takes no action (0: neither)
+    no_valid_steps: int = 2
     action: str = "warn"
 
     def __post_init__(self) -> None:
@@ -614,4 +617,5 @@ class MonitorConfig:
         check_number(f"{o}.spike", self.spike, 1.0, 1e6, low_open=True)
         check_int(f"{o}.warmup", self.warmup, low=0)
         check_number(f"{o}.smoothing", self.smoothing, 0.0, 1.0, high_open=True)
+        check_int(f"{o}.no_valid_steps", self.no_valid_steps, low=0)
         check_choice(f"{o}.action", self.action, ACTIONS)

@@ -274,9 +274,10 @@ def test_phase_marks_only_where_a_step_may_run_long():
 def test_long_step_prints_its_phases(capsys, monkeypatch):
     """A step past progress_after seconds says where it is at each phase's end; a shorter one
     prints nothing."""
-    from starpo_jax.run import experiment
+    from starpo_jax.run import announce, experiment
 
     monkeypatch.setattr(experiment, "PROGRESS_MARGIN", 0.0)  # marks even in a tiny step
+    monkeypatch.setattr(announce.LOGGER, "disabled", True)  # no "loading model ..." lines
     exp = api.build(tiny_config())
     assert exp.progress is not None and _has_host_callbacks(exp)
     exp.progress.after = 1e9  # no step is that long

@@ -294,3 +294,34 @@ def test_a_resumed_run_takes_the_earlier_choice_for_unset_knobs_only(auto_exp):
     finally:
         exp.auto = before[1]
         exp.use(before[0])
+
+
+def test_the_step_time_estimate_scales_inversely_with_the_matmul_rate(auto_exp):
+    """The printed estimate is autofit's model at the fitted CPU's matmul rate, scaled by the
+    rate measured here (speed): half the rate, twice the time; the range brackets it."""
+    from starpo_jax.sizing.speed import (MODEL_BAND, REFERENCE, REFERENCE_MATMUL_FLOPS,
+                                         MatmulRate, step_range, step_seconds)
+
+    modelled = autofit.relative_time(SHAPE, TRAIN, Settings(1, False, "float32", 1))
+    assert step_seconds(modelled, REFERENCE) == pytest.approx(modelled / 1e3)
+    half = MatmulRate(REFERENCE_MATMUL_FLOPS / 2, REFERENCE_MATMUL_FLOPS / 2)
+    assert step_seconds(modelled, half) == pytest.approx(2 * modelled / 1e3)
+    rate = MatmulRate(1e11, 1e11)
+    assert auto_exp.estimated_step_seconds(rate=half) == pytest.approx(
+        2 * auto_exp.estimated_step_seconds(rate=REFERENCE))
+    assert auto_exp.estimated_step_seconds(rate=rate) == pytest.approx(
+        4.2 * auto_exp.estimated_step_seconds(rate=REFERENCE))
+    # One rate: the model's band around it; a rate that varied widens it on both sides.
+    assert step_range(10.0, rate) == pytest.approx((10.0 * MODEL_BAND[0], 10.0 * MODEL_BAND[1]))
+    varied = MatmulRate(1.44e11, 1e11)  # typical: 1.2e11
+    assert step_range(10.0, varied) == pytest.approx((10.0 / 1.2 * MODEL_BAND[0],
+                                                      10.0 * 1.2 * MODEL_BAND[1]))
+    assert varied.describe() == "100-144 GFLOP/s" and rate.describe() == "100 GFLOP/s"
+
+
+def test_the_matmul_is_timed_within_its_budget():
+    from starpo_jax.sizing.speed import time_matmul
+
+    rate = time_matmul(n=64, reps=3, budget=10.0)
+    assert 0 < rate.slowest <= rate.typical <= rate.fastest
+    assert time_matmul(n=64, reps=5, budget=0.0).fastest > 0  # one timed repeat at least

@@ -26,6 +26,7 @@ from absl import flags  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
 from starpo_jax.analysis import sweep as sweep_lib, sweep_run as sweep_runner  # noqa: E402
+from starpo_jax.analysis.suite import load_config  # noqa: E402
 from starpo_jax.run import loop as runner  # noqa: E402
 from starpo_jax.models.embedded import embedded_gguf_path  # noqa: E402
 from helpers.scripts import script  # noqa: E402
@@ -162,11 +163,15 @@ RUN_CASES = [
     (["--bogus"], ["bogus"]),
     (["extra"], ["unexpected arguments", "extra"]),
     (["--config="], ["config file ''", "not found", CONFIG_NAMES]),
-    (["--workdir="], ["--workdir is required"]),
+    (["--workdir="], ["--workdir is empty", "leave it out for runs/bandit_ppo (the default)"]),
     (["--resume"], ["nothing to resume in ", "; run without --resume to start"]),
     (["--config.env.module=no_such_pkg.envs"],
      ["config.env.module = 'no_such_pkg.envs' is invalid", "No module named 'no_such_pkg'"]),
     (["--config.logging.wandb_project="], ["logging.wandb_project = ''", "a W&B project name"]),
+    # A game the untrained model cannot answer: refused without its warm start (loop.run).
+    (["--config", "frozen_lake_cpu.py"],
+     ["config.model.init_from = ''", "`python experiments/sft.py --config frozen_lake_sft.py "
+      "--workdir runs/frozen_lake_sft`", "`--config.model.init_from=runs/frozen_lake_sft`"]),
 ]
 
 
@@ -370,6 +375,42 @@ def test_scripts_check_the_config_before_the_heavy_imports(tmp_path, script, arg
     imported = ast.literal_eval(done.stdout.split("imported:")[1].strip())
     assert imported == heavy if not heavy else set(heavy) <= set(imported)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "nothing is written"
+
+
+WARM_STARTS = {"sokoban_cpu.py": "sokoban_sft.py", "frozen_lake_cpu.py": "frozen_lake_sft.py"}
+
+
+@pytest.mark.parametrize("name", sorted(WARM_STARTS))
+def test_a_game_the_untrained_model_cannot_answer_needs_its_warm_start(tmp_path, name):
+    """The CPU configs of the grid games refuse RL from the untrained model (every reply
+    invalid: minutes a step for nothing) before JAX is imported, in one line naming the SFT
+    command that makes the start, the override that uses it and the one that runs anyway."""
+    from starpo_jax.run.schema import check_config
+
+    sft = WARM_STARTS[name]
+    stem = sft[:-3]
+    done = subprocess.run([sys.executable, "-c", _AT_EXIT, str(ROOT / "experiments" / "run.py"),
+                           "--config", name, "--workdir", str(tmp_path / "w")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stdout.split("imported:")[1].strip() == "[]", "refused before JAX loads"
+    assert _one_line(done.stderr) == (
+        f"error: config.model.init_from = '' is invalid: this config trains a game the untrained "
+        f"model does not answer in format (model.require_init_from = {sft!r}: every reply "
+        f"invalid, nothing to learn); valid: a warm start, made first by `python "
+        f"experiments/sft.py --config {sft} --workdir runs/{stem}`, then "
+        f"`--config.model.init_from=runs/{stem}` (a --resume passes the run's own again; "
+        f"--config.model.require_init_from= runs from the untrained model anyway)")
+    assert not (tmp_path / "w").exists()
+    assert (ROOT / "experiments" / "configs" / sft).is_file()
+    config = load_config(name)
+    api.train_config(config)  # api.build still takes it (a bench of the shape)
+    started = config.copy_and_resolve_references()
+    started.model.init_from = str(tmp_path)  # a workdir of sft.py: holds config.json
+    (tmp_path / "config.json").write_text("{}")
+    check_config(started)
+    config.model.require_init_from = ""  # the override: runs from the untrained model
+    check_config(config)
 
 
 def test_check_config_defers_only_the_estimator():

@@ -303,7 +303,7 @@ def test_evaluate_command_restores_a_checkpoint_prints_and_writes(tmp_path, caps
 
 def test_evaluate_command_line_names_mistakes(tmp_path):
     for args, message in [
-        (["--config.eval.episods=3"], "error: unknown --config override key: 'episods'"),
+        (["--config.eval.episods=3"], "error: unknown --config override key: 'eval.episods'"),
         ([], f"error: {tmp_path / 'config.json'} does not exist"),
     ]:
         done = subprocess.run([sys.executable, str(ROOT / "experiments" / "evaluate.py"),

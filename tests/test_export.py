@@ -24,14 +24,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
 from starpo_jax.run import export as run_export  # noqa: E402
-from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.run.checkpoint import Checkpoints, checkpoint_bytes, saved_tree  # noqa: E402
+from starpo_jax.run.workdir import RunFault  # noqa: E402
 from starpo_jax.models import Decoder, ModelConfig, load_pretrained  # noqa: E402
 from starpo_jax.models.embedded import tiny_random_config  # noqa: E402
 from starpo_jax.models.export import parse_size, save_pretrained  # noqa: E402
 from starpo_jax.models.params import read_safetensors  # noqa: E402
+from starpo_jax.rollout import jax_env  # noqa: E402
+from starpo_jax.text import chat_pieces  # noqa: E402
 from starpo_jax.train.step import init_train_state  # noqa: E402
 from helpers.scripts import script  # noqa: E402
-from helpers.tiny import tiny_config  # noqa: E402
+from helpers.tiny import tiny_config, tiny_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,6 +296,35 @@ def run_workdir(tmp_path_factory):
     return workdir, *_make_workdir(workdir, "tiny-random", (2, 5))
 
 
+def test_a_checkpoint_keeps_what_changes_and_not_the_kl_reference(run_workdir):
+    """Full fine-tuning: a checkpoint keeps the weights and their AdamW moments (an exact resume
+    needs both; export.py writes the weights alone), not the KL reference, which is the fresh
+    state's (the initial weights): restored into a fresh state it is the saved state bit for
+    bit; a fresh state with another reference is refused. Without a reference (the
+    quickstart's) the whole state is saved as it is."""
+    workdir, actors, model = run_workdir
+    config = api.train_config(api.read_run_config(workdir)[0])
+    fresh = init_train_state(config, jax.random.PRNGKey(0), model=model)
+    checkpoints = Checkpoints(workdir / "checkpoints", 0, 3)
+    try:
+        saved = checkpoints.manager.item_metadata(5).tree
+        restored = checkpoints.restore(5, like=fresh)
+        other = fresh.replace(reference=jax.tree.map(lambda x: x * 2, fresh.reference))
+        with pytest.raises(RunFault, match=r"checkpoint .*/5 left out its frozen KL reference "
+                                           r"weights and this run's differ"):
+            checkpoints.restore(5, like=other)
+    finally:
+        checkpoints.close()
+    assert saved["reference"] is None and set(saved["frozen"]) == {"reference"}
+    assert {"embed", "layers"} <= set(saved["actor"]) and saved["actor_opt"] is not None
+    want = fresh.replace(actor=actors[5], step=jnp.int32(5))
+    assert jax.tree.all(jax.tree.map(np.array_equal, restored, want))
+    assert checkpoint_bytes(fresh) == sum(
+        x.nbytes for x in jax.tree.leaves(fresh.replace(reference=None)))
+    no_reference = fresh.replace(reference=None)
+    assert saved_tree(no_reference) is no_reference
+
+
 @pytest.mark.parametrize("step", [None, 2])
 def test_export_run_writes_the_checkpoint_actor(tmp_path, run_workdir, step):
     workdir, actors, initial = run_workdir
@@ -302,6 +334,50 @@ def test_export_run_writes_the_checkpoint_actor(tmp_path, run_workdir, step):
     loaded, _ = load_pretrained(tmp_path / "out")
     _assert_same_weights(loaded, actors[5 if step is None else step])
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "out").config.tie_word_embeddings
+
+
+def test_the_export_prompts_its_policy_as_the_run_did(tmp_path, tokenizer, run_workdir):
+    """Plain transformers on the export alone: the messages starpo_prompt.json describes (its
+    system prompt, the env's intro and the per-turn template filled for a rollout's initial
+    state), through the exported chat template with add_generation_prompt=True, are token for
+    token what the run's rollout fed the policy (first prompt and forced reply prefix), and the
+    greedy reply transformers generates from them is the rollout's greedy reply."""
+    workdir, actors, model = run_workdir
+    run_export.export_run(workdir, tmp_path / "out")
+    setup = json.loads((tmp_path / "out" / "starpo_prompt.json").read_text())
+    assert (setup["reply_prefix"], setup["stop"]) == ("<answer>", ["</answer>"])
+    assert setup["chat_template_adds_reply_prefix"]
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "out")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    exp = tiny_experiment()  # the run's env and codec (tiny_config's; PPO changes neither)
+    config = api.train_config(api.read_run_config(workdir)[0]).rollout
+    graphdef, params = nnx.split(model)
+    out = jax.device_get(jax.jit(lambda p, k: jax_env.rollout(
+        graphdef, p, exp.env, exp.codec, config, k, eos_id=theirs.eos_token_id,
+        pad_id=theirs.pad_token_id, greedy=True))(actors[5], jax.random.PRNGKey(3)))
+    reset_keys = jax.random.split(jax.random.split(jax.random.PRNGKey(3))[0], config.groups)
+    fed = int(out.prompt_lengths[0]) + len(exp.codec.forced_prefix_ids)
+    reply = out.tokens[0][out.loss_mask[0]].tolist()
+    state = exp.env.render_text(exp.env.reset(reset_keys[0])[0])
+    user = setup["intro"] + setup["turn"].format(turn=1, state=state,
+                                                 actions_left=config.max_actions_per_traj)
+    messages = [{"role": "system", "content": setup["system"]}, {"role": "user", "content": user}]
+    ids = theirs.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    assert ids == out.tokens[0, :fed].tolist()
+    assert theirs.decode(ids).endswith("<|im_start|>assistant\n<answer>")
+    with torch.no_grad():
+        generated = hf.generate(torch.tensor([ids]), do_sample=False, pad_token_id=0,
+                                max_new_tokens=config.reply_tokens)[0, len(ids):].tolist()
+    assert 1 <= len(reply) and generated[:len(reply)] == reply
+    # The example is the same construction for the initial state of PRNGKey(0); reply_prefix=""
+    # gives the model's own generation prompt.
+    example = setup["example"]
+    assert theirs.apply_chat_template(example["messages"], add_generation_prompt=True,
+                                      tokenize=False) == example["prompt"]
+    assert theirs.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                      reply_prefix="") + "<answer>" == theirs.decode(ids)
+    # A run from the export (model.source) builds its prompts as from the original model.
+    assert chat_pieces(theirs) == chat_pieces(tokenizer)
 
 
 def test_export_run_from_a_hugging_face_source(tmp_path, tokenizer):

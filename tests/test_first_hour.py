@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from starpo_jax import api  # noqa: E402
 from starpo_jax.run import export as run_export, loop as runner  # noqa: E402
 from starpo_jax.models import load_pretrained  # noqa: E402
+from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
 from helpers.scripts import script  # noqa: E402
 from helpers.tiny import tiny_experiment  # noqa: E402
 
@@ -38,29 +39,48 @@ ROOT = Path(__file__).resolve().parents[1]
 # everything else at run.py's defaults: its memory knobs are chosen and recorded. No phase
 # clock (progress_after=0): a step with host callbacks is never in JAX's compilation cache,
 # and the tiny steps never run long enough to print progress.
+# The file also says which XLA C++ log threshold run.py set before JAX loaded (xla_log).
 CONFIG = f"""
+import os
+
 from helpers.tiny import tiny_config  # tests/ is on the run's PYTHONPATH
 
 
 def get_config():
+    print("TF_CPP_MIN_LOG_LEVEL=" + os.environ.get("TF_CPP_MIN_LOG_LEVEL", "(unset)"))
     config = tiny_config()
     config.progress_after = 0
     return config
 """
 
 
-def _env() -> dict[str, str]:
+def _env(**changes: str | None) -> dict[str, str]:
     """run.py's environment: this process's (as the test set it), with tests/ on the
-    PYTHONPATH (the config file imports tests/helpers)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+    PYTHONPATH (the config file imports tests/helpers), and `changes` (None: unset)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.update(changes)
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def _run_py(config: Path, workdir: Path, *args: str, timeout: float = 300,
-            ) -> subprocess.CompletedProcess:
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "experiments" / "run.py"), "--config",
                            str(config), "--workdir", str(workdir), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_env())
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=env or _env())
+
+
+def _in_order(lines: list[str], starts: list[str]) -> list[str]:
+    """The first line starting with each of `starts`, found in that order (AssertionError
+    naming the first one missing)."""
+    found, at = [], 0
+    for start in starts:
+        at = next((i for i in range(at, len(lines)) if lines[i].startswith(start)), None)
+        assert at is not None, f"no line starting {start!r} after {found[-1:]}:\n" + \
+            "\n".join(lines)
+        found.append(lines[at])
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +90,18 @@ def config_file(tmp_path_factory) -> Path:
     return path
 
 
-def test_the_readme_sequence_on_a_workdir_run_py_made(tmp_path, config_file):
+def test_the_readme_sequence_on_a_workdir_run_py_made(tmp_path, config_file, capsys):
     workdir = tmp_path / "runs" / "quickstart"
-    done = _run_py(config_file, workdir, "--config.steps=1")
+    done = _run_py(config_file, workdir, "--config.steps=1", env=_env(TF_CPP_MIN_LOG_LEVEL=None))
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
+    # XLA's "Very slow compile?" alarm is off (its C++ log's threshold, set before JAX loads).
+    assert "TF_CPP_MIN_LOG_LEVEL=3" in lines
+    # Each long phase says what it does as it starts; the cost comes before the compile.
+    _in_order(lines, ["config ", "loading model tiny-random ...",
+                      "building the bandit env, prompts and train state ...",
+                      "estimated time on this CPU: ~", "compiling the train step with ",
+                      "memory settings (unset, so chosen): ", "step 1/1 ", "done in "])
     assert any(line.startswith("memory settings (unset, so chosen): ") for line in lines)
     assert any(line.startswith("estimated time on this CPU: ~") and "for the 1 step to run"
                in line for line in lines), done.stdout
@@ -91,8 +118,12 @@ def test_the_readme_sequence_on_a_workdir_run_py_made(tmp_path, config_file):
     assert config.rollout.chunks == record["settings"]["rollout.chunks"]
 
     # python experiments/evaluate.py --workdir runs/quickstart
+    capsys.readouterr()
     step, metrics = runner.evaluate_workdir(workdir)
     assert step == 1 and "val/bandit/greedy/success" in metrics
+    _in_order(capsys.readouterr().out.splitlines(), [
+        "loading model tiny-random ...", f"restoring step 1 from {workdir / 'checkpoints'} ...",
+        "evaluating ", f"{workdir}, step 1: "])
     assert json.loads((workdir / "eval_step_1.json").read_text())["metrics"] == metrics
 
     # python experiments/export.py --workdir runs/quickstart --out exported/quickstart
@@ -106,6 +137,9 @@ def test_the_readme_sequence_on_a_workdir_run_py_made(tmp_path, config_file):
     done = _run_py(config_file, workdir, "--config.steps=2", "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "(settings of the resumed run)" in done.stdout
+    _in_order(done.stdout.splitlines(), ["loading model tiny-random ...", "restoring step 1 ",
+                                         "estimated time on this CPU: ~",
+                                         "compiling the train step ...", "step 2/2 "])
     steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text()
              .splitlines()]
     assert steps == [1, 2]
@@ -145,17 +179,30 @@ def test_a_host_env_of_the_users_own_module_trains_by_name(tmp_path, config_file
 
 
 def test_cost_lines_point_at_the_cpu_config_of_the_game():
-    assert runner.cost_lines(12.0, 16, "bandit") == [
-        "estimated time on this CPU: ~12 s a step, ~3 min for the 16 steps to run (autofit's "
-        "step-time model of a 2-core CPU, every reply at its full token budget; evaluations not "
-        "included)"]
-    long = runner.cost_lines(2046.0, 200, "sokoban")
-    assert long[0].startswith("estimated time on this CPU: ~34 min a step, ~4.7 days for the "
-                              "200 steps to run")
-    assert long[1] == ("that is far beyond a CPU session: experiments/configs/sokoban_cpu.py is "
-                       "the same game sized for a CPU (python experiments/run.py --config "
-                       "sokoban_cpu.py --workdir runs/sokoban_cpu); running what was asked")
-    assert "configs/quickstart.py is a run sized" in runner.cost_lines(4e4, 200, "countdown")[1]
+    """The estimate as a range (speed.step_range: the timed matmul rates, the model's band)
+    with the rate it was made at; a run far beyond a CPU session is pointed at the game's CPU
+    config, with the SFT warm start that config requires (model.require_init_from)."""
+    from starpo_jax.sizing.speed import MatmulRate, REFERENCE
+
+    assert runner.cost_lines(12.0, 16, "bandit", rate=REFERENCE) == [
+        "estimated time on this CPU: ~11-16 s a step, ~3-4 min for the 16 steps to run "
+        "(autofit's step-time model at this machine's f32 matmul rate, measured now: 420 "
+        "GFLOP/s; every reply at its full token budget; evaluations not included)"]
+    loaded = runner.cost_lines(12.0, 16, "bandit", rate=MatmulRate(1.2e11, 0.75e11))
+    assert loaded[0].startswith("estimated time on this CPU: ~8.5-20 s a step, ")
+    assert "measured now: 75-120 GFLOP/s;" in loaded[0]
+    long = runner.cost_lines(2046.0, 200, "sokoban", rate=REFERENCE)
+    assert long[0].startswith("estimated time on this CPU: ~31-44 min a step, ~4.3-6.2 days for "
+                              "the 200 steps to run")
+    assert long[1] == (
+        "that is far beyond a CPU session: experiments/configs/sokoban_cpu.py is the same game "
+        "sized for a CPU (python experiments/sft.py --config sokoban_sft.py --workdir "
+        "runs/sokoban_sft, then python experiments/run.py --config sokoban_cpu.py "
+        "--config.model.init_from=runs/sokoban_sft --workdir runs/sokoban_cpu); running what "
+        "was asked")
+    far = runner.cost_lines(4e4, 200, "countdown", rate=REFERENCE)[1]
+    assert "configs/quickstart.py is a run sized for a CPU (python experiments/run.py --config " \
+        "quickstart.py --workdir runs/quickstart)" in far
 
 
 def _spin(seconds: float):
@@ -235,6 +282,90 @@ def test_a_second_ctrl_c_ends_a_run_at_once(tmp_path, config_file):
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert step >= 2 and step in saved  # step 3's line is printed before its save
     assert (workdir / "run.lock").read_text().startswith("run pid "), "the next run takes it over"
+
+
+def test_ctrl_c_before_step_1_stops_at_once_and_leaves_nothing(tmp_path, config_file):
+    """Ctrl-C while run.py compiles its first step (the setup JAX cannot interrupt) ends the
+    process within a second: nothing trained, no checkpoint, no config.json, the lock released.
+    A TF_CPP_MIN_LOG_LEVEL of the user's is kept."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()  # the user's: it stays, empty
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "experiments" / "run.py"), "--config", str(config_file),
+         "--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, env=_env(TF_CPP_MIN_LOG_LEVEL="1"))
+    try:
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("compiling the train step"):
+                break
+        process.send_signal(signal.SIGINT)
+        sent = time.perf_counter()
+        rest, err = process.communicate(timeout=60)
+        took = time.perf_counter() - sent
+    finally:
+        process.kill()
+    out = "".join(lines) + rest
+    assert process.returncode == 128 + signal.SIGINT, out[-3000:] + err[-3000:]
+    assert took < 5, f"exited {took:.1f} s after Ctrl-C"
+    assert "TF_CPP_MIN_LOG_LEVEL=1" in out.splitlines()
+    assert "SIGINT before the first step: stopped; nothing was trained, nothing saved" in out
+    assert "Traceback" not in err
+    left = {p.name: p for p in workdir.iterdir()}
+    assert set(left) <= {"run.lock"}, f"left behind: {sorted(left)}"
+    assert "run.lock" not in left or left["run.lock"].read_text() == "", "released"
+
+
+def test_a_stop_before_the_first_step_saves_nothing(tmp_path, capsys):
+    """A stop heard before step 1 (api.train's, where the process is not ended at once): no
+    compile, no step, no step-0 checkpoint, nothing of a fresh run left; a resumed run's
+    checkpoints and config.json as they were."""
+    exp = tiny_experiment()
+    exp.state = exp.fresh_state()
+    stop = threading.Event()
+    stop.set()
+    workdir = tmp_path / "w"
+    assert runner.train(exp, workdir, stop=stop) == 0
+    assert "stopped before the first step: nothing was trained, nothing saved" in \
+        capsys.readouterr().out
+    assert not workdir.exists(), "the workdir it made, with no config.json, metrics, events"
+
+    checkpoints = Checkpoints(workdir / "checkpoints", 1, 1)
+    checkpoints.maybe_save(exp.state.replace(step=jnp.int32(1)), force=True)
+    checkpoints.close()
+    (workdir / "config.json").write_text(exp.config.to_json())
+    assert runner.train(exp, workdir, resume=True, stop=stop) == 1
+    assert "nothing was trained; the workdir's checkpoints and config.json are as they were" in \
+        capsys.readouterr().out
+    assert (workdir / "config.json").read_text() == exp.config.to_json()
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["1"]
+
+
+def test_a_stop_before_the_start_ends_the_process_and_cleans_up(capsys):
+    """run.py's StopRequests (exit_before_start): before begin() a signal runs the cleanups,
+    last added first, and exits; after it, the stop saves after the current step."""
+    exits, done = [], []
+    stop = runner.StopRequests(exit=exits.append, exit_before_start=True)
+    stop.on_exit_before_start(lambda: done.append("lock released"))
+    stop.on_exit_before_start(lambda: done.append("run's files removed"))
+    stop.heard(signal.SIGTERM)
+    assert exits == [128 + signal.SIGTERM] and done == ["run's files removed", "lock released"]
+    assert "SIGTERM before the first step: stopped; nothing was trained, nothing saved" in \
+        capsys.readouterr().out
+
+    exits.clear()
+    stop = runner.StopRequests(exit=exits.append, exit_before_start=True)
+    stop.begin()
+    stop.heard(signal.SIGINT)  # after the setup, before step 1: ends there
+    assert stop.is_set() and exits == []
+    assert "SIGINT: stop requested before the first step" in capsys.readouterr().out
+    stop = runner.StopRequests(exit=exits.append, exit_before_start=True)
+    stop.begin()
+    stop.stepped = True
+    stop.heard(signal.SIGINT)
+    assert "SIGINT: stop requested: saving after this step" in capsys.readouterr().out
+    assert exits == []
 
 
 def test_weights_and_biases_in_offline_mode(tmp_path, monkeypatch):

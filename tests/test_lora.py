@@ -1,5 +1,6 @@
 """LoRA: the adapted forward against plain numpy, training only the adapters (critic: its own
-adapters and value head), the KL reference = the base, checkpoints, and the merged export."""
+adapters and value head), the KL reference = the base, checkpoints without the frozen base
+(exact resume from the adapters), and the merged export."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from starpo_jax import api  # noqa: E402
-from starpo_jax.run import export as run_export  # noqa: E402
+from starpo_jax.run import export as run_export, loop as runner  # noqa: E402
 from starpo_jax.run.checkpoint import Checkpoints  # noqa: E402
+from starpo_jax.run.workdir import RunFault  # noqa: E402
 from starpo_jax.config import (FilterConfig, LoraConfig, LossConfig, OptimConfig,  # noqa: E402
                                RolloutConfig, TrainConfig)
 from starpo_jax.train.forward import sequence_logprobs  # noqa: E402
@@ -234,18 +237,107 @@ def test_reference_logprobs_are_the_base_models(trained):
     assert np.abs(np.asarray(logp(adapted_model, kept)) - np.asarray(base)).max() > 1e-2
 
 
+def _saved_names(directory) -> list[str]:
+    """The paths of the arrays a checkpoint directory holds (its newest step)."""
+    checkpoints = Checkpoints(directory, 0, 1)
+    try:
+        tree = checkpoints.manager.item_metadata(checkpoints.latest_step).tree
+    finally:
+        checkpoints.close()
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]
+    return [jax.tree_util.keystr(p, simple=True, separator="/") for p, x in leaves
+            if x is not None]
+
+
+def _disk_bytes(directory) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
 def test_checkpoint_resume_gives_the_same_numbers(trained, tmp_path):
+    """A LoRA checkpoint holds the adapters, their AdamW moments, the critic's adapters and
+    head and the step, not the frozen base (a fingerprint of it instead): restored into the
+    fresh state (the base from the model), the next update repeats the unstopped one's."""
     _, _, learn, _, state, out = trained
     first, _ = learn(state, out, jax.random.PRNGKey(1))
     checkpoints = Checkpoints(tmp_path / "checkpoints", every=1, keep=2)
     assert checkpoints.maybe_save(first)
     restored = checkpoints.restore_latest(like=state)
     checkpoints.close()
+    names = _saved_names(tmp_path / "checkpoints")
+    assert {n.split("/")[0] for n in names} == {"actor", "actor_opt", "critic", "critic_opt",
+                                                "step", "frozen"}
+    assert all("_lora_" in n for n in names if n.startswith("actor/")), "no base weight"
+    base = sum(x.nbytes for x in jax.tree.leaves(split_trainable(state.actor)[1]))
+    assert _disk_bytes(tmp_path / "checkpoints") < base / 4
     assert jax.tree.all(jax.tree.map(np.array_equal, restored, first))
     want_state, want = learn(first, out, jax.random.PRNGKey(2))
     got_state, got = learn(restored, out, jax.random.PRNGKey(2))
     assert jax.device_get(got) == jax.device_get(want)
     assert jax.tree.all(jax.tree.map(np.array_equal, got_state, want_state))
+
+
+def test_a_checkpoint_refuses_another_base_and_reads_the_old_format(trained, tmp_path):
+    """Restoring into a state whose frozen base differs from the one trained on (one weight
+    changed) is refused in one line; a checkpoint of the whole state (as written before the
+    base was left out) still restores."""
+    _, _, _, _, state, _ = trained
+    saved = state.replace(step=jnp.int32(3))
+    checkpoints = Checkpoints(tmp_path / "new", every=0, keep=1)
+    checkpoints.maybe_save(saved, force=True)
+    adapters, base = split_trainable(state.actor)
+    flat, tree = jax.tree.flatten(base)
+    flat[0] = flat[0].at[(0,) * flat[0].ndim].add(1e-3)
+    other = state.replace(actor=nnx.merge_state(adapters, jax.tree.unflatten(tree, flat)))
+    with pytest.raises(RunFault, match=r"checkpoint .*new/3 left out its frozen LoRA base "
+                                       r"weights and this run's differ from those it was "
+                                       r"trained with: model.source or model.init_from's "
+                                       r"checkpoint changed since. Resume with the weights"):
+        checkpoints.restore(3, like=other)
+    with pytest.raises(ValueError, match="restore it into a concrete state"):
+        checkpoints.restore(3, like=jax.eval_shape(lambda: state))
+    checkpoints.close()
+    old = ocp.CheckpointManager((tmp_path / "old").absolute(),
+                                options=ocp.CheckpointManagerOptions(create=True),
+                                item_handlers=ocp.StandardCheckpointHandler())
+    old.save(3, args=ocp.args.StandardSave(saved), force=True)
+    old.wait_until_finished()
+    old.close()
+    assert "actor/embed/value" in _saved_names(tmp_path / "old")
+    checkpoints = Checkpoints(tmp_path / "old", every=0, keep=1)
+    restored = checkpoints.restore_latest(like=state)
+    checkpoints.close()
+    assert jax.tree.all(jax.tree.map(np.array_equal, restored, saved))
+
+
+def _lora_metrics(workdir) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("timing/")}
+            for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow  # 25-50 s, a LoRA StarPO step's compile (the fast tier resumes a LoRA SFT
+# run: tests/test_sft.py)
+def test_a_lora_run_resumes_exactly_and_exports(tmp_path):
+    """run.py's loop on a LoRA run: its checkpoints hold no base weight; stopped after step 1
+    and resumed (the base from the experiment's fresh state) it logs the numbers of a run never
+    stopped; export.py writes the resumed policy, the adapters merged into the rebuilt base."""
+    config = tiny_config()
+    config.lora.rank, config.lora.alpha = RANK, ALPHA
+    exp = api.build(config)
+    exp.config.steps = 2
+    assert runner.train(exp, tmp_path / "straight") == 2
+    exp.config.steps = 1
+    assert runner.train(exp, tmp_path / "stopped") == 1
+    exp.config.steps = 2
+    assert runner.train(exp, tmp_path / "stopped", resume=True) == 2
+    assert _lora_metrics(tmp_path / "stopped") == _lora_metrics(tmp_path / "straight")
+    names = _saved_names(tmp_path / "stopped" / "checkpoints")
+    assert all("_lora_" in n for n in names if n.startswith("actor/")), "no base weight"
+    base = sum(x.nbytes for x in jax.tree.leaves(split_trainable(exp.state.actor)[1]))
+    assert _disk_bytes(tmp_path / "stopped" / "checkpoints") < base / 2, "two checkpoints"
+    assert run_export.export_run(tmp_path / "stopped", tmp_path / "out")[0] == 2
+    exported, _ = load_pretrained(tmp_path / "out")
+    want = merged_params(nnx.to_pure_dict(exp.state.actor), exp.model.config)
+    jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(nnx.state(exported)), want)
 
 
 # ---- export ----
@@ -276,6 +368,25 @@ def test_export_merges_the_adapters(tmp_path):
     assert np.abs(np.asarray(want - forward.logits(model, ids))).max() > 0.1
     np.testing.assert_allclose(forward.logits(exported, ids), want, atol=1e-5, rtol=1e-5)
     assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+
+
+def test_export_refuses_a_base_other_than_the_one_trained(tmp_path):
+    """A LoRA checkpoint trained on other base weights than model.source gives (another file
+    under the same name, an init_from workdir trained on since) is refused, nothing written."""
+    config = tiny_config()
+    config.lora.rank, config.lora.alpha = RANK, ALPHA
+    (tmp_path / "config.json").write_text(config.to_json(indent=2) + "\n")
+    model, _ = load_pretrained("tiny-random")
+    state = init_train_state(api.train_config(config), jax.random.PRNGKey(0), model=model)
+    adapters, base = split_trainable(state.actor)
+    moved = nnx.merge_state(adapters, jax.tree.map(lambda x: x * 1.001, base))
+    checkpoints = Checkpoints(tmp_path / "checkpoints", every=0, keep=1)
+    checkpoints.maybe_save(state.replace(actor=moved, step=jnp.int32(3)), force=True)
+    checkpoints.close()
+    with pytest.raises(ValueError, match=r"left out its frozen LoRA base weights and this run's "
+                                         r"differ .*; valid: the base weights the run was"):
+        run_export.export_run(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 # ---- settings ----

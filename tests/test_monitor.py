@@ -20,12 +20,12 @@ import pytest
 from starpo_jax import api
 from starpo_jax.run import loop as runner
 from starpo_jax.run.checkpoint import Checkpoints
-from starpo_jax.run.monitor import (ALERTS_FILE, GRAD_NORM, REWARD_MEAN, SUGGESTION_FILE,
+from starpo_jax.run.monitor import (ALERTS_FILE, GRAD_NORM, REWARD_MEAN, SUGGESTION_FILE, VALID,
                                     CollapseMonitor, MonitorConfig, suggest_keep_ratio)
 
 
 STD, ENTROPY = "rollout/reward_std", "actor/entropy"
-NAMES = {"reward": REWARD_MEAN, "std": STD, "entropy": ENTROPY, "grad": GRAD_NORM}
+NAMES = {"reward": REWARD_MEAN, "std": STD, "entropy": ENTROPY, "grad": GRAD_NORM, "valid": VALID}
 HEALTHY = {"reward": 0.6, "std": 0.4, "entropy": 2.0, "grad": 1.0}
 
 
@@ -166,6 +166,30 @@ def test_warmup(warmup, expected):
     assert [step for _, step, _ in alerts] == expected
 
 
+@pytest.mark.parametrize("steps, valid, expected", [
+    # none valid from the start: a notice at once, the alert at the 2nd step in a row, again
+    # after a step with a valid reply re-armed it
+    (2, [0, 0, 0, 0.5, 0, 0, 0], [(1, False), (2, True), (6, True)]),
+    (3, [0.2, 0, 0, 0, 0], [(4, True)]),  # a first step with valid replies: no notice
+    (1, [0, 0.1, 0, 0], [(1, True), (3, True)]),  # the alert itself at the first step
+    (0, [0, 0, 0], []),  # off
+])
+def test_no_valid_reply_alerts_at_once(steps, valid, expected):
+    """rollout/action_is_valid = 0 for monitor.no_valid_steps steps in a row alerts, with no
+    warmup; the first step of a run with none is a notice (acts=False) at once."""
+    monitor = CollapseMonitor(MonitorConfig(no_valid_steps=steps))
+    fired = [a for step, row in enumerate(_rows(len(valid), valid=valid), 1)
+             for a in monitor.update(step, row)]
+    assert [(a.step, a.acts) for a in fired] == expected
+    assert all((a.kind, a.metric, a.value) == ("no_valid_reply", VALID, 0.0) for a in fired)
+    if steps == 2:
+        assert fired[0].message.startswith("no reply of the first step was valid "
+                                           "(rollout/action_is_valid = 0): the model may not")
+        assert fired[1].message.startswith("no reply was valid in 2 steps in a row (steps 1-2), "
+                                           "rollout/action_is_valid = 0: the model does not answer")
+        assert "SFT warm start" in fired[1].message
+
+
 @pytest.mark.parametrize("keep_ratio, groups, expected", [
     (1.0, 8, 0.5), (0.25, 8, 0.125), (0.5, 6, 0.25), (0.25, 4, None), (0.5, 3, None)])
 def test_suggest_keep_ratio(keep_ratio, groups, expected):
@@ -178,6 +202,7 @@ def test_suggest_keep_ratio(keep_ratio, groups, expected):
     ("spike", 1.0, "monitor.spike = 1.0 is invalid; valid: a number in (1.0, 1000000.0]"),
     ("warmup", -1, "monitor.warmup = -1 is invalid; valid: an int >= 0"),
     ("smoothing", 1.0, "monitor.smoothing = 1.0 is invalid; valid: a number in [0.0, 1.0)"),
+    ("no_valid_steps", -1, "monitor.no_valid_steps = -1 is invalid; valid: an int >= 0"),
     ("action", "halt", "monitor.action = 'halt' is invalid; valid: one of ('warn', 'stop', "
                        "'raise_filter')"),
     ("enabled", "yes", "monitor.enabled = 'yes' is invalid; valid: True or False"),
@@ -268,6 +293,18 @@ def test_raise_filter_stops_with_a_suggestion_to_resume_with(tmp_path, capsys):
     resumed = _ScriptedExperiment(TRAP, action="raise_filter")
     resumed.config.filter.keep_ratio = 0.25  # a change --resume accepts, unlike e.g. the seed
     assert runner.train(resumed, tmp_path, resume=True) == 30
+
+
+def test_no_valid_reply_is_printed_written_and_acted_on_not_its_notice(tmp_path, capsys):
+    rows = _rows(4, valid=0.0)
+    assert runner.train(_ScriptedExperiment(rows, action="stop"), tmp_path) == 2
+    out = capsys.readouterr().out
+    assert "monitor: no_valid_reply at step 1: no reply of the first step was valid" in out
+    assert "monitor: no_valid_reply at step 2: no reply was valid in 2 steps in a row" in out
+    assert "action 'stop': saving a checkpoint and stopping" in out
+    written = _lines(tmp_path / ALERTS_FILE)
+    assert [(a["step"], a["kind"], a["metric"], a["acts"]) for a in written] == [
+        (1, "no_valid_reply", VALID, False), (2, "no_valid_reply", VALID, True)]
 
 
 def test_disabled_monitor_logs_nothing(tmp_path):

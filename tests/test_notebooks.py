@@ -1,11 +1,15 @@
 """The notebooks in notebooks/ run top to bottom in a fresh Jupyter kernel, offline, and show
 what they say: each ends by printing one `RESULT {json}` line, checked here against the games'
-rules and independent numpy recomputations. The committed files carry no outputs."""
+rules and independent numpy recomputations. The committed files carry no outputs.
+analyse_a_run runs through the documented command (`jupyter execute --output`), takes its run
+from STARPO_RUN, and leaves nothing behind of the tiny run it makes without one."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -121,12 +125,36 @@ def test_functional_step(tmp_path):
     assert any(h["actor/grad_norm"] > 0 for h in history)
 
 
+def _jupyter_execute(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """The documented command, `jupyter execute notebooks/analyse_a_run.ipynb ...`, from the
+    repository's root (this checkout first on the path, offline, TMPDIR under tmp_path,
+    STARPO_RUN unset unless given)."""
+    jupyter = Path(sys.executable).with_name("jupyter")
+    if not jupyter.exists():
+        pytest.skip("no jupyter launcher beside this interpreter")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    environment = {k: v for k, v in os.environ.items() if k != "STARPO_RUN"}
+    environment.update(PYTHONPATH=path, HF_HUB_OFFLINE="1", TMPDIR=str(tmp_path / "tmp"), **env)
+    return subprocess.run([str(jupyter), "execute", "notebooks/analyse_a_run.ipynb", *args],
+                          cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=3 * CELL_TIMEOUT)
+
+
 def test_analyse_a_run(tmp_path):
-    notebook = execute("analyse_a_run", tmp_path)
+    """As documented (docs/evaluation-and-monitoring.md): `jupyter execute --output` keeps the
+    executed notebook; with no STARPO_RUN the tiny run it makes is gone afterwards, and the
+    temporary directory is as empty as before."""
+    done = _jupyter_execute([f"--output={tmp_path / 'analysed'}"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    notebook = nbformat.read(tmp_path / "analysed.ipynb", as_version=4)
     result = result_of(notebook)
     assert pictures(notebook) >= 1
     assert result["steps"] == [1, 2, 3, 4, 5, 6]
     assert result["replayed_alerts"] == result["alerts"]
+    # The tiny model never answers in format: a notice at step 1, the alert at step 2.
+    assert [(a["step"], a["kind"]) for a in result["alerts"]
+            if a["kind"] == "no_valid_reply"] == [(1, "no_valid_reply"), (2, "no_valid_reply")]
     assert result["sample_files"] == ["step_000003.txt", "step_000006.txt"]
     assert result["checkpoint_step"] == 6
     assert result["eval"] and result["eval"] == result["logged_eval"]
@@ -134,3 +162,26 @@ def test_analyse_a_run(tmp_path):
     # config.json read back through api.read_run_config, its auto_memory record included
     assert set(result["memory_settings"]) == {"optim.micro_batches", "optim.remat",
                                               "rollout.cache_dtype", "rollout.chunks"}
+    assert result["tiny_run_removed"]
+    assert sorted(p.name for p in (tmp_path / "tmp").iterdir()) == [], "nothing left behind"
+
+
+def test_analyse_a_run_reads_the_run_named_by_starpo_run(tmp_path, monkeypatch):
+    """STARPO_RUN names the run with no edit of the notebook: its parameters cell (tagged for
+    papermill) reads it, and the kernel that jupyter starts sees it (a directory that holds no
+    run is refused by name)."""
+    notebook = nbformat.read(NOTEBOOKS / "analyse_a_run.ipynb", as_version=4)
+    [cell] = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
+    for value, expected in (("runs/quickstart", "runs/quickstart"), ("", None), (None, None)):
+        if value is None:
+            monkeypatch.delenv("STARPO_RUN", raising=False)
+        else:
+            monkeypatch.setenv("STARPO_RUN", value)
+        scope: dict = {}
+        exec(cell.source, scope)
+        assert scope["RUN_DIR"] == expected, value
+    empty = tmp_path / "not_a_run"
+    empty.mkdir()
+    done = _jupyter_execute([], tmp_path, STARPO_RUN=str(empty))
+    assert done.returncode != 0
+    assert f"{empty} holds no run (no config.json)" in done.stderr, done.stderr[-3000:]

@@ -379,6 +379,34 @@ def test_resume_repeats_the_same_steps(tmp_path):
     assert [exp.step() for _ in range(2)] == straight[1:]
 
 
+def test_a_lora_run_resumes_exactly_from_its_adapters(tmp_path):
+    """run.py's loop on a LoRA run: its checkpoints hold the adapters, their AdamW moments and
+    the step, not the frozen base weights; stopped after step 1 and resumed (the base from the
+    experiment's fresh state) it logs the numbers of a run never stopped."""
+    exp = tiny_sft(lora=4)
+    exp.state, exp.config.steps = exp.fresh_state(), 2
+    try:
+        assert runner.train(exp, tmp_path / "straight") == 2
+        exp.config.steps = 1
+        assert runner.train(exp, tmp_path / "stopped") == 1
+        exp.config.steps = 2
+        assert runner.train(exp, tmp_path / "stopped", resume=True) == 2
+    finally:
+        exp.config.steps = 3
+    lines = {name: [{k: v for k, v in json.loads(line).items() if not k.startswith("timing/")}
+                    for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+             for name in ("straight", "stopped")}
+    assert lines["stopped"] == lines["straight"] and len(lines["straight"]) == 2
+    checkpoints = Checkpoints(tmp_path / "stopped" / "checkpoints", 0, 1)
+    try:
+        saved = checkpoints.manager.item_metadata(2).tree
+    finally:
+        checkpoints.close()
+    assert set(saved["frozen"]) == {"actor"}
+    assert all("_lora_" in name for name in saved["actor"]["layers"])
+    assert set(saved["actor"]) == {"layers"}, "no embedding, norm or other base weight"
+
+
 def test_rl_starts_from_the_sft_workdir(tmp_path, caplog):
     """run.py's loop on an SFT experiment writes a workdir; model.init_from loads its policy
     (LoRA adapters merged) into a StarPO run's model, whose train step compiles once (restored
@@ -453,6 +481,44 @@ def test_sft_command_writes_a_workdir_and_resumes(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     step, metrics = runner.evaluate_workdir(work, None, {"eval.episodes": 2})
     assert step == 3 and "val/frozen_lake/greedy/action_is_valid" in metrics
+
+
+@pytest.mark.slow  # a sft.py process to its first evaluation (~30-60 s)
+def test_sft_command_stopped_before_step_1_leaves_nothing(tmp_path):
+    """Ctrl-C during sft.py's evaluation before SFT (its demonstrations written already) ends
+    the process at once; the fresh run leaves nothing: no demos.jsonl, before.json, config.json
+    or checkpoint."""
+    import signal
+    import subprocess
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    work = tmp_path / "w"
+    process = subprocess.Popen(
+        [sys.executable, str(root / "experiments" / "sft.py"), "--config", "frozen_lake_sft.py",
+         "--config.model.source=tiny-random", "--config.rollout.max_turns=2",
+         "--config.rollout.groups=2", "--config.rollout.group_size=2",
+         "--config.eval.episodes=2", "--config.eval_every=2", "--config.sft.write_demos=3",
+         "--workdir", str(work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("evaluating "):
+                break
+        process.send_signal(signal.SIGINT)
+        sent = time.perf_counter()
+        rest, err = process.communicate(timeout=60)
+        took = time.perf_counter() - sent
+    finally:
+        process.kill()
+    out = "".join(lines) + rest
+    assert process.returncode == 128 + signal.SIGINT, out[-3000:] + err[-3000:]
+    assert took < 5, f"exited {took:.1f} s after Ctrl-C"
+    assert "3 demonstrations -> " in out
+    assert "SIGINT before the first step: stopped; nothing was trained, nothing saved" in out
+    assert not work.exists(), sorted(p.name for p in work.iterdir())
 
 
 def test_an_sft_workdir_resumes_across_config_forms_and_new_sft_keys(tmp_path):

@@ -1,4 +1,4 @@
-"""StarPO-S with PPO on Bandit (one turn): the paper's setting, nothing scaled down.
+"""Bandit, PPO, at the paper's scale (8 x 16 rollouts, 200 steps): for a GPU.
 
 8 groups x 16 rollouts, thinking replies, actor lr 1e-6 (critic 1e-5), the uncertainty filter
 keeping 25% of the groups, clip 0.2 / 0.28, no KL, mini-batches of 32 rows, 200 steps,

@@ -1,11 +1,15 @@
-"""FrozenLake (slippery) sized for a 2-core CPU, shaped like quickstart.py: the CPU run of
+"""FrozenLake with GRPO for a 2-core CPU; start it from frozen_lake_sft's workdir.
+
+FrozenLake (slippery) sized for a 2-core CPU, shaped like quickstart.py: the CPU run of
 the game of frozen_lake_ppo.py / frozen_lake_grpo.py (the paper's setting: hours per step here).
 
 StarPO-S with GRPO, NoThink replies of at most 16 tokens, 4 groups x 8 rollouts, the env's own
 5 turns and action budgets, the quickstart's actor learning rate, 20 steps; at the end 8
 held-out states (and the game's out-of-distribution variants) are evaluated, greedy. One
 checkpoint is kept. The untrained SmolLM2-135M does not answer this game in format (every
-group's reward std is 0: nothing to learn), so start from an SFT warm start that teaches it:
+group's reward std is 0: nothing to learn), so RL starts from an SFT warm start that teaches it
+(model.require_init_from: without --config.model.init_from the run is refused at once, with
+these commands; --config.model.require_init_from= runs from the untrained model anyway):
 
     python experiments/sft.py --config frozen_lake_sft.py --workdir runs/frozen_lake_sft
     python experiments/run.py --config frozen_lake_cpu.py \
@@ -28,4 +32,5 @@ def get_config():
     c.eval.modes = "greedy"
     c.sample_every = c.checkpoint_every = 10
     c.keep_checkpoints = 1
+    c.model.require_init_from = "frozen_lake_sft.py"  # refused without model.init_from
     return c

@@ -1,4 +1,4 @@
-"""The SFT warm start on FrozenLake (experiments/sft.py): sokoban_sft.py's shape on FrozenLake.
+"""SFT warm start on FrozenLake for a 2-core CPU: sokoban_sft.py's shape.
 
 Demonstrations by the `random` policy, NoThink, 5 turns, 10 actions, replies of up to 24
 tokens; 8 rows a step (8 initial states) at lr 2e-4, 10 steps; 16 held-out maps evaluated

@@ -1,4 +1,4 @@
-"""The README's first run: the embedded SmolLM2 learns Bandit on a 2-core CPU in minutes.
+"""The README's first run: SmolLM2 learns Bandit on a 2-core CPU in minutes.
 
 StarPO-S with GRPO on single-turn Bandit, sized for a laptop: NoThink replies of at most 12
 tokens, 4 groups x 8 rollouts per step. The actor's learning rate is raised from the paper's
@@ -22,5 +22,5 @@ def get_config():
     c.eval_every = c.steps  # once, after the last step
     c.eval.modes = "greedy"
     c.sample_every = c.checkpoint_every = 8
-    c.keep_checkpoints = 1  # a checkpoint of SmolLM2 with its Adam moments is ~1.6 GB
+    c.keep_checkpoints = 1  # a checkpoint of SmolLM2 with its Adam moments is 1.4 GiB
     return c

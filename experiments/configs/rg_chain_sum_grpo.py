@@ -1,11 +1,11 @@
-"""StarPO-S with GRPO on reasoning-gym's chain_sum, a host env (pip install "starpo-jax[envs]").
+"""reasoning-gym's chain_sum with GRPO, CPU-sized (a host env: the envs extra).
 
     python experiments/run.py --config rg_chain_sum_grpo.py --workdir runs/rg_chain_sum
 
-CPU-sized (quickstart.py's shapes). One question per episode ("State the final answer to the
-following arithmetic problem: 4 - 1 - 7 =", the problem on its own line), one answer, reward =
-reasoning-gym's score. Keys: api.default_config; the env pool: host.workers / host.processes /
-host.timeout.
+CPU-sized (quickstart.py's shapes); reasoning-gym comes with pip install "starpo-jax[envs]".
+One question per episode ("State the final answer to the following arithmetic problem: 4 - 1 -
+7 =", the problem on its own line), one answer, reward = reasoning-gym's score. Keys:
+api.default_config; the env pool: host.workers / host.processes / host.timeout.
 """
 
 from starpo_jax.run.host_train import config_for

@@ -1,4 +1,4 @@
-"""The SFT warm start on Sokoban (experiments/sft.py): SmolLM2 learns the answer format.
+"""SFT warm start on Sokoban for a 2-core CPU: SmolLM2 learns the answer format.
 
 Demonstrations by the `random` policy (1 to 5 uniformly random moves a turn: the format, not
 the task), NoThink, the env's 5 turns and 10-action budget, replies of up to 24 tokens. Each

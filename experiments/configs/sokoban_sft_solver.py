@@ -1,4 +1,4 @@
-"""A Sokoban SFT start that reads the board: the solver's demonstrations into LoRA adapters.
+"""SFT on Sokoban from the solver's demonstrations, into LoRA adapters: a GPU job.
 
 6400 demonstrations (100 steps of 64, each from a fresh level; `solver`: a shortest solution
 per level, NoThink, the env's 5 turns / 10 actions), LoRA rank 32 on every linear layer (alpha

@@ -9,6 +9,12 @@ so they are written as they are. The directory holds:
     model.safetensors             or model-0000i-of-0000n.safetensors + model.safetensors.index.json
     generation_config.json        bos / eos / pad ids (plus any fields the caller passes)
     tokenizer.json, tokenizer_config.json, chat_template.jinja, ...   (tokenizer.save_pretrained)
+    any `extra_files` (run/export.py: starpo_prompt.json)
+
+`prefixed_chat_template` makes a chat template whose generation prompt ends with the text a
+policy's replies were trained to begin with (the run's forced prefix, e.g. "<answer>"): with it
+`tokenizer.apply_chat_template(messages, add_generation_prompt=True)` is the prompt the policy
+saw; the template variable `reply_prefix` overrides it (reply_prefix="": the original prompt).
 
 A value head (critic) is not exported: the directory is the policy only. LoRA adapters are
 merged into the weights they adapt (W + A B * alpha / rank, models/lora.py): the directory is a
@@ -206,6 +212,49 @@ def _write_weights(plan: Mapping[str, _Tensor], directory: Path, dtype: np.dtype
     _write_json(directory / "model.safetensors.index.json", index_json)
 
 
+#: The sample conversation prefixed_chat_template checks the template on.
+_SAMPLE = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+           {"role": "assistant", "content": "A"}, {"role": "user", "content": "V"})
+
+
+def prefixed_chat_template(tokenizer: Any, prefix: str) -> str | None:
+    """`tokenizer`'s chat template with `prefix` written after its generation prompt (only when
+    add_generation_prompt is set; the template variable `reply_prefix` replaces it), or None
+    when the tokenizer has no template or the addition does not render exactly so (the
+    original output plus `prefix` after a generation prompt, the original output otherwise)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or not prefix:
+        return None
+    # Jinja drops one trailing newline of a template: dropped here so that it stays dropped.
+    body = template[:-1] if template.endswith("\n") else template
+    patched = (body + "{% if add_generation_prompt %}{{ reply_prefix if reply_prefix is "
+               f"defined else {json.dumps(prefix)} }}}}{{% endif %}}")
+    render = lambda messages, **kw: tokenizer.apply_chat_template(  # noqa: E731
+        list(messages), tokenize=False, **kw)
+    try:
+        exact = (render(_SAMPLE[:2], chat_template=patched, add_generation_prompt=True)
+                 == render(_SAMPLE[:2], add_generation_prompt=True) + prefix
+                 and render(_SAMPLE, chat_template=patched) == render(_SAMPLE)
+                 and render(_SAMPLE[:2], chat_template=patched, add_generation_prompt=True,
+                            reply_prefix="") == render(_SAMPLE[:2], add_generation_prompt=True))
+    except Exception:  # noqa: BLE001  (a template that cannot render the sample: left as it is)
+        return None
+    return patched if exact else None
+
+
+def _write_chat_template(directory: Path, template: str) -> None:
+    """Replaces the chat template tokenizer.save_pretrained wrote to `directory` (its own file,
+    chat_template.jinja, or tokenizer_config.json's chat_template)."""
+    path = directory / "chat_template.jinja"
+    if path.is_file():
+        path.write_text(template)
+        return
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = template
+    _write_json(config_path, config)
+
+
 def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n")
 
@@ -236,7 +285,9 @@ def _publish(staged: Path, out: Path, overwrite: bool) -> None:
 def save_pretrained(model_or_params: Decoder | nnx.State | Mapping, config: ModelConfig,
                     tokenizer: Any, out_dir: str | os.PathLike, *, dtype: str | None = None,
                     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, overwrite: bool = False,
-                    generation_config: Mapping[str, Any] | None = None) -> Path:
+                    generation_config: Mapping[str, Any] | None = None,
+                    chat_template: str | None = None,
+                    extra_files: Mapping[str, str] | None = None) -> Path:
     """Writes the policy as a Hugging Face model directory at `out_dir` and returns its path.
 
     model_or_params: a Decoder, its nnx.State or that state's pure dict ([num_layers, in, out]
@@ -246,6 +297,8 @@ def save_pretrained(model_or_params: Decoder | nnx.State | Mapping, config: Mode
     (default config.param_dtype). Weights above `max_shard_size` bytes (an int or "2GB") are
     split into shards with an index. generation_config: extra fields for
     generation_config.json (e.g. the source model's sampling defaults), over the token ids.
+    chat_template: written instead of the tokenizer's (e.g. `prefixed_chat_template`'s).
+    extra_files: {file name: text} written beside the model.
 
     Everything is written to a temporary directory beside `out_dir`, then renamed into place.
     Raises FileExistsError if `out_dir` is a non-empty directory and not `overwrite`, and
@@ -273,6 +326,10 @@ def save_pretrained(model_or_params: Decoder | nnx.State | Mapping, config: Mode
         _write_json(staged / "generation_config.json",
                     {**_special_ids(tokenizer), **(generation_config or {})})
         tokenizer.save_pretrained(str(staged))
+        if chat_template is not None:
+            _write_chat_template(staged, chat_template)
+        for name, text in (extra_files or {}).items():
+            (staged / name).write_text(text)
         # mkdtemp makes the directory private and safetensors writes its files 0600; a model
         # directory is meant to be shared: the usual 0755 / 0644.
         os.chmod(staged, 0o755)

@@ -340,8 +340,8 @@ def tokenize_conversations(tokenizer: Any, conversations: list[dict[str, Any]], 
     mask = np.zeros((len(conversations), length), bool)
     lengths = np.zeros(len(conversations), np.int32)
     prompts = np.zeros(len(conversations), np.int32)
-    template = lambda m, **kw: _encode(  # noqa: E731
-        tokenizer, tokenizer.apply_chat_template(m, tokenize=False, **kw))
+    template = lambda m, **kw: _encode(  # noqa: E731  (an exported policy's reply prefix off)
+        tokenizer, tokenizer.apply_chat_template(m, tokenize=False, reply_prefix="", **kw))
     for row, item in enumerate(conversations):
         messages = item["messages"]
         ids: list[int] = []

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any, Callable, Mapping
 
 import jax
@@ -46,6 +47,8 @@ from starpo_jax.config import (OOD_VARIANTS, EvalConfig, RolloutConfig,  # noqa:
                                default_eval_envs)
 from starpo_jax.algo.failures import failure_fractions
 from starpo_jax.rollout.jax_env import Rollout, rollout
+from starpo_jax.run import announce
+from starpo_jax.run.writers import human_duration
 
 # fold_in(run_key, t) is training iteration t's key; no run takes 2**31 - 1 steps.
 EVAL_STREAM = 2**31 - 1
@@ -129,12 +132,19 @@ class EvaluatorBase:
         if unknown:
             raise ValueError(f"envs {unknown} are not evaluated here; valid: {self.config.envs}")
         metrics, rollouts = {}, {}
-        for name in envs:
-            for mode in self.config.modes:
+        pairs = [(name, mode) for name in envs for mode in self.config.modes]
+        start = time.perf_counter()
+        with announce.phase(f"evaluating {self.config.episodes} held-out episodes", f" on "
+                            f"{', '.join(envs)} ({', '.join(self.config.modes)})"):
+            for k, (name, mode) in enumerate(pairs, 1):
                 values, out = self._run(name, mode, params, sample_key)
                 rollouts[name, mode] = out
                 for metric, value in jax.device_get(values).items():
                     metrics[f"val/{name}/{mode}/{metric}"] = float(value)
+                elapsed = time.perf_counter() - start
+                if elapsed >= announce.SLOW_SECONDS and k < len(pairs):  # a long one: progress
+                    announce.say(f"  evaluating: {name} {mode} done ({k}/{len(pairs)}) at "
+                                 f"{human_duration(elapsed)}")
         return EvalResult(metrics=metrics, rollouts=rollouts)
 
     def samples_text(self, result: EvalResult) -> str:

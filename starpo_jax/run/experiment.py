@@ -17,6 +17,7 @@ never stopped.
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import jax
@@ -26,8 +27,9 @@ import envs_host
 import envs_jax
 from starpo_jax.train.collapse import drop_uncomputed
 from starpo_jax.config import TrainConfig
+from starpo_jax.run import announce
 from starpo_jax.run.evaluation import EvalConfig, Evaluator
-from starpo_jax.sizing import autofit
+from starpo_jax.sizing import autofit, speed
 from starpo_jax.sizing.memory import (MemoryPlan, budget, host_available_bytes, release_freed_heap,
                                step_plan)
 from starpo_jax.models import load_pretrained
@@ -101,8 +103,8 @@ class Experiment:
         compile."""
         if train not in self._steps:
             after = self.config.progress_after if self.progress is None else self.progress.after
-            clock = _phase_clock(after, self.config.steps, train, self.mesh,
-                                 self.estimated_step_seconds(train))
+            clock = _phase_clock(after, self.config.steps, train, self.mesh,  # the model's
+                                 self.estimated_step_seconds(train, speed.REFERENCE))  # own CPU
             self._steps[train] = clock, make_train_step(
                 train, self.env, self.codec, model=self.model, mesh=self.mesh, phase_clock=clock,
                 eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
@@ -132,17 +134,20 @@ class Experiment:
         held-out loss)."""
         return build_evaluator(self)
 
-    def estimated_step_seconds(self, train: TrainConfig | None = None) -> float | None:
+    def estimated_step_seconds(self, train: TrainConfig | None = None,
+                               rate: speed.MatmulRate | None = None) -> float | None:
         """autofit's step-time model (fitted to a 2-core CPU's measured phases, every reply at
-        its full budget) for the step of `train` (default: the current one), in seconds; None
-        where the model does not apply (a host env's rollout steps Python envs, a multi-device
-        mesh, an accelerator)."""
+        its full budget) for the step of `train` (default: the current one), in seconds at the
+        f32 matmul rate `rate` (default: this machine's, timed once per process:
+        speed.matmul_rate; speed.REFERENCE: the fitted CPU's); None where the model does not
+        apply (a host env's rollout steps Python envs, a multi-device mesh, an accelerator)."""
         if (self.config.env.name in envs_host.names() or self.mesh is not None
                 or jax.default_backend() != "cpu"):
             return None
         train = self.train if train is None else train
-        return autofit.relative_time(step_shape(self, train), train,
-                                     autofit.Settings.of(train)) / 1e3
+        modelled = autofit.relative_time(step_shape(self, train), train,
+                                         autofit.Settings.of(train))
+        return speed.step_seconds(modelled, speed.matmul_rate() if rate is None else rate)
 
 
 # A step whose modelled time (autofit's, fitted to a slow 2-core CPU) is under this share of
@@ -175,7 +180,8 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
     """Checks `config` (a ConfigDict like default_config(), or a TrainConfig plus top-level keys
     in `top`), then loads the model, builds the env and codec, the initial state and the
     jitted step. Raises ValueError naming a bad key or value before anything is compiled.
-    Memory knobs left unset are chosen by check_memory (or the first step()), not here."""
+    Memory knobs left unset are chosen by check_memory (or the first step()), not here. Each
+    phase says what it does as it starts (starpo_jax.run.announce: "loading model ...")."""
     if isinstance(config, TrainConfig):
         config = config_from_train_config(config, **top)
     elif top:
@@ -187,16 +193,26 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
         raise ValueError(f"env.name = {full.env.name!r} is a host env; host envs train on one "
                          f"device, this run sees {jax.device_count()}")
     # The prelude of every run, JAX or host env: the model, its starting weights, the keys.
-    model, tok = load_pretrained(full.model.source, full.model.dtype)
+    with announce.phase(f"loading model {full.model.source}"):
+        model, tok = load_pretrained(full.model.source, full.model.dtype)
     if full.model.init_from:
-        model = load_init_weights(model, full.model.init_from, full.model.source,
-                                  full.model.dtype)
+        with announce.phase(f"loading the starting weights: {full.model.init_from}'s newest "
+                            "checkpoint"):
+            model = load_init_weights(model, full.model.init_from, full.model.source,
+                                      full.model.dtype)
     model.config = dataclasses.replace(model.config, matmul_precision=resolve_matmul_precision(
         full.model.matmul_precision, jax.default_backend()))
     init_key, key = run_keys(full.seed)
     # With LoRA the model gains its adapters here (the key init_train_state would use), so that
     # the evaluator and the rollout read the same graph.
     model = adapted(model, train.lora, jax.random.fold_in(init_key, 1))
+    with announce.phase(f"building the {full.env.name} env, prompts and train state"):
+        return _assemble(full, train, model, tok, key, init_key, host)
+
+
+def _assemble(full: ConfigDict, train: TrainConfig, model: Any, tok: Any, key: jax.Array,
+              init_key: jax.Array, host: bool) -> Experiment:
+    """build's Experiment around a loaded model: env, codec, initial state and jitted step."""
     if host:
         from starpo_jax.run import host_train  # the host pool and text layer: host runs only
         env, text, step = host_train.build_step(full, train, model, tok)
@@ -252,13 +268,15 @@ def check_memory(exp: Experiment, anywhere: Callable[[bool], bool] = bool,
     fit (chosen settings: within autofit.MARGIN of the free memory). Multi-process runs:
     anywhere(flag) = whether flag is set on any process, smallest(n) = the least n of all
     processes (starpo_jax.run.distributed), so that all choose alike and stop together."""
-    if exp.auto and exp.memory is None:
+    chosen = exp.auto and exp.memory is None
+    if chosen:
         free, where, _ = budget(available)
         if free is None:  # nothing to size against: the fastest settings stay
-            exp.auto = ()
+            exp.auto, chosen = (), False
         else:
             exp.memory = _choose(exp, smallest(free), where, available)
-    plan = memory_plan(exp, available)  # a chosen step: its compile is reused
+    with announce.phase("compiling the train step") if not chosen else nullcontext():
+        plan = memory_plan(exp, available)  # a chosen step: its compile is reused
     release_freed_heap()  # what compiling freed
     if anywhere(not plan.fits):
         here = str(plan) if not plan.fits else f"on another process (this one: {plan})"
@@ -285,6 +303,27 @@ def step_shape(exp: Experiment, train: TrainConfig | None = None) -> autofit.Ste
                                 shared_width(train, exp.codec, exp.mesh))
 
 
+def expected_step_seconds(exp: Experiment,
+                          available: Callable[[], int | None] = host_available_bytes,
+                          ) -> float | None:
+    """exp.estimated_step_seconds() before anything is compiled: with memory knobs left unset,
+    for the settings check_memory compiles first (autofit.choose's first pick: the fastest
+    candidate whose estimated plan fits the free memory; the compiles may then choose a slower
+    one). None where the step-time model does not apply."""
+    if exp.estimated_step_seconds() is None or not (exp.auto and exp.memory is None
+                                                    and exp.sizes_its_step):
+        return exp.estimated_step_seconds()
+    free = budget(available)[0]
+    if free is None:  # check_memory keeps the fastest settings
+        return exp.estimated_step_seconds()
+    shape = step_shape(exp)
+    candidates = autofit.options(exp.train, exp.auto, shape)
+    need = lambda s: shape.state_bytes + max(autofit.estimate(shape, s))  # noqa: E731
+    fits = [s for s in candidates if need(s) <= (1 - autofit.MARGIN) * free]
+    first = fits[0] if fits else min(reversed(candidates), key=need)
+    return exp.estimated_step_seconds(first.apply(exp.train))
+
+
 def _choose(exp: Experiment, free: int, where: str,
             available: Callable[[], int | None]) -> autofit.Choice:
     """autofit.choose over exp's unset knobs; exp then steps with the chosen settings, through
@@ -293,7 +332,9 @@ def _choose(exp: Experiment, free: int, where: str,
 
     def plan_of(settings: autofit.Settings) -> int:
         exp.use(settings.apply(base))
-        return memory_plan(exp, available).needed
+        with announce.phase("compiling the train step", f" with {settings.describe(exp.auto)} "
+                            "(choosing the memory settings left unset)"):
+            return memory_plan(exp, available).needed
 
     shape = step_shape(exp)
     try:

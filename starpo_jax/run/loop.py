@@ -14,14 +14,18 @@ Biases run, wandb/ and wandb_run_id) and orbax checkpoints (checkpoints/, every
 `eval_every` / `sample_every` evaluation metrics (val/, the same files) and sample conversations
 (samples/step_<N>.txt). A resumed run (`resume=True`) continues from the newest checkpoint and
 gives the same metrics as a run never stopped; the keys it may change are RESUMABLE_CHANGES.
-Before step 1 the step is compiled and sized against the free memory: memory knobs left unset
-are chosen then (starpo_jax.sizing.autofit; one line says what and why, config.json's "auto_memory"
-records it, and a resumed run takes it again), and a step that cannot fit stops with the
-settings that shrink it; then a line gives the step-time estimate and the whole run's, pointing
-at a CPU-sized config of the same game when the run would take far longer than a CPU session
-(it still runs). stop_on_signals answers SIGINT / SIGTERM at once, even inside a long compiled
+Before step 1 a line gives the step-time estimate and the whole run's, pointing at a CPU-sized
+config of the same game when the run would take far longer than a CPU session (it still runs);
+then the step is compiled and sized against the free memory: memory knobs left unset are chosen
+then (starpo_jax.sizing.autofit; one line says what and why, config.json's "auto_memory" records
+it, and a resumed run takes it again), and a step that cannot fit stops with the settings that
+shrink it. stop_on_signals answers SIGINT / SIGTERM at once, even inside a long compiled
 step: the run saves after the current step and returns; a second one exits at once (status
-128 + the signal), the newest complete checkpoint being the resume point.
+128 + the signal), the newest complete checkpoint being the resume point. Before step 1 there is
+nothing to save: `run` / `run_sft` (run.py, sft.py) then end the process at once, even inside a
+compile (which JAX cannot interrupt), leaving no checkpoint and no config.json of a fresh run
+(StopRequests); `train` ends before its first step. Each long phase says what it does as it
+starts (starpo_jax.run.announce).
 Faults (RunFault, FileExistsError, MemoryError: one line each, nothing half-written is ever
 loaded): resuming a workdir that holds no run, a workdir path that is a file, a workdir in use
 by another live run (run.lock; a killed run's lock is taken over), unwritable or without space
@@ -40,9 +44,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
+import shutil
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -51,18 +58,21 @@ from typing import Any, Callable, Iterator, Mapping
 
 import jax
 
-from starpo_jax.run import experiment
+from starpo_jax.run import announce, experiment
 from starpo_jax.run import sft as sft_lib
-from starpo_jax.run.checkpoint import Checkpoints
+from starpo_jax.run.checkpoint import Checkpoints, checkpoint_bytes
 from starpo_jax.run.cli import CONFIG_DIR
 from starpo_jax.run.distributed import any_process, min_over_processes
 from starpo_jax.run.evaluation import Evaluator, summary_table
-from starpo_jax.run.writers import WandbWriter, Writers, human_duration, open_writers, process_age
+from starpo_jax.run.writers import (METRICS_FILE, WandbWriter, Writers, human_duration,
+                                    open_writers, process_age)
 from starpo_jax.run.monitor import RunMonitor
-from starpo_jax.run.schema import AUTO_MEMORY, RUN_CONFIG_FILE, evaluated_config
+from starpo_jax.run.schema import (AUTO_MEMORY, RUN_CONFIG_FILE, check_start, evaluated_config,
+                                   warm_start)
+from starpo_jax.sizing import speed
 from starpo_jax.train.step import SKIPPED_UPDATES
-from starpo_jax.run.workdir import (RunFault, WorkdirLock, check_config, check_free_space,
-                                    check_resumable, write_atomically)
+from starpo_jax.run.workdir import (LOCK_FILE, RunFault, WorkdirLock, check_config,
+                                    check_free_space, check_resumable, write_atomically)
 
 # Keys a resumed run may change: they do not alter the numbers of any step.
 RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
@@ -74,7 +84,7 @@ RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio")
 # A host env's pool settings (threads / processes, timeout) change how it is stepped, not what.
 RESUMABLE_CHANGES += ("host",)
 # The starting weights matter only before the first checkpoint, which a resume starts from.
-RESUMABLE_CHANGES += ("model.init_from",)
+RESUMABLE_CHANGES += ("model.init_from", "model.require_init_from")
 # config.json's record of the memory settings chosen for the knobs left unset (not a config
 # key): a resumed run takes them again from there.
 RESUMABLE_CHANGES += (AUTO_MEMORY,)
@@ -98,18 +108,58 @@ class StopRequests(threading.Event):
     over). A later SIGTERM does not: one kill often arrives twice (`timeout` signals the
     process and then its process group; a scheduler may signal every process of the job),
     and the save it asked for is kept; a supervisor that will not wait sends SIGKILL.
+
+    Before the run starts (`begin`: after the slow setup of model, restore and compile, before
+    config.json is written and step 1 runs) there is nothing to save: with `exit_before_start`
+    (run.py, sft.py) a stop then ends the process at once, even inside a compile, which JAX
+    cannot interrupt (the watcher runs the `on_exit_before_start` cleanups, last added first:
+    what the run made is removed, its lock released; then `exit(128 + signal)`); without it
+    the loop ends before its first step and saves nothing.
     """
 
-    def __init__(self, exit: Callable[[int], None] = os._exit):
+    def __init__(self, exit: Callable[[int], None] = os._exit, exit_before_start: bool = False):
         super().__init__()
         self.step_started: float | None = None  # time.perf_counter() when the step began
         self.step_seconds: float | None = None  # what a step is expected to take
         self.saved_step: int | None = None  # newest complete checkpoint
+        self.resumed = False  # the run continues a workdir's (set by the loop)
+        self.stepped = False  # a step has begun in this process
+        self.exit_before_start = exit_before_start
         self._exit = exit
+        self._started = False
+        self._cleanups: list[Callable[[], None]] = []
+        self._guard = threading.Lock()  # begin() against a stop's exit before the start
+
+    def begin(self) -> None:
+        """The run starts: from now on a stop saves after the current step."""
+        with self._guard:
+            self._started = True
+
+    def on_exit_before_start(self, cleanup: Callable[[], None]) -> None:
+        """`cleanup` runs (before those added earlier) if a stop ends the process before
+        `begin`."""
+        with self._guard:
+            self._cleanups.append(cleanup)
+
+    def nothing_done(self) -> str:
+        """What a stop before this process's first step leaves."""
+        return ("nothing was trained; the workdir's checkpoints and config.json are as they "
+                "were" if self.resumed else "nothing was trained, nothing saved")
 
     def heard(self, signum: int) -> None:
         """One SIGINT / SIGTERM (called on the watcher thread)."""
         name = signal.Signals(signum).name
+        if self.exit_before_start and not self.is_set():
+            with self._guard:
+                if not self._started:
+                    self.set()
+                    print(f"\n{name} before the first step: stopped; {self.nothing_done()}",
+                          flush=True)
+                    for cleanup in reversed(self._cleanups):
+                        with contextlib.suppress(Exception):
+                            cleanup()
+                    self._exit(128 + signum)
+                    return
         if self.is_set() and signum == signal.SIGTERM:
             print(f"\n{name} again: still saving after this step (Ctrl-C stops at once)",
                   flush=True)
@@ -122,6 +172,11 @@ class StopRequests(threading.Event):
             self._exit(128 + signum)
             return
         self.set()
+        if not self.stepped and self.step_started is None:
+            print(f"\n{name}: stop requested before the first step: the run ends before it, "
+                  "once the current phase returns (JAX cannot interrupt a compile), saving "
+                  "nothing; press Ctrl-C again to stop now", flush=True)
+            return
         print(f"\n{name}: stop requested: saving after this step{self._left()}; press Ctrl-C "
               "again to stop now", flush=True)
 
@@ -135,11 +190,13 @@ class StopRequests(threading.Event):
 
 
 @contextmanager
-def stop_on_signals(exit: Callable[[int], None] = os._exit) -> Iterator[StopRequests]:
+def stop_on_signals(exit: Callable[[int], None] = os._exit, exit_before_start: bool = False,
+                    ) -> Iterator[StopRequests]:
     """StopRequests answering SIGINT / SIGTERM while the context is open (from the main
-    thread; a SIGINT after the first signal calls `exit(128 + SIGINT)`); the previous handlers
-    and wakeup fd come back on exit."""
-    stop = StopRequests(exit)
+    thread; a SIGINT after the first signal calls `exit(128 + SIGINT)`, and so does any stop
+    before the run's start with `exit_before_start`); the previous handlers and wakeup fd come
+    back on exit."""
+    stop = StopRequests(exit, exit_before_start)
     read, write = os.pipe()
     os.set_blocking(write, False)  # set_wakeup_fd's contract: the C handler must never block
 
@@ -183,6 +240,10 @@ def _train(exp: experiment.Experiment, workdir: Path, resume: bool, stop: thread
     config_path = workdir / RUN_CONFIG_FILE
     # Told what the loop does, for the stop message (a plain Event or None: nobody reads it).
     watch = stop if isinstance(stop, StopRequests) else StopRequests()
+    watch.resumed, watch.stepped = resume, False  # one StopRequests may serve several runs
+    existed = {p.name for p in workdir.iterdir()} if workdir.is_dir() else set()
+    if primary and not resume:  # a stop before the start: nothing of this run is left
+        watch.on_exit_before_start(lambda: _forget(workdir, existed))
     checkpoints = Checkpoints(workdir / "checkpoints", c.checkpoint_every, c.keep_checkpoints)
     check_config(config_path, c.to_dict(), resume,
                  has_checkpoints=checkpoints.latest_step is not None,
@@ -191,16 +252,19 @@ def _train(exp: experiment.Experiment, workdir: Path, resume: bool, stop: thread
         raise FileExistsError(f"{workdir} already holds checkpoints (newest: step "
                               f"{checkpoints.latest_step}); pass --resume or another --workdir")
     exp.state = exp.fresh_state() if exp.steps_done else exp.state
-    if resume:
-        exp.state = checkpoints.restore_latest(like=exp.state) or exp.state
+    if resume and checkpoints.latest_step is not None:
+        with announce.phase(f"restoring step {checkpoints.latest_step}",
+                            f" from {checkpoints.directory}"):
+            exp.state = checkpoints.restore_latest(like=exp.state)
     watch.saved_step = checkpoints.latest_step if resume else None
-    check_free_space(workdir, sum(x.nbytes for x in jax.tree.leaves(exp.state)))
-    record = _check_memory(exp, workdir if resume else None, primary)
+    check_free_space(workdir, checkpoint_bytes(exp.state))
+    # A stop heard already (api.train's: this process goes on) skips the compile: no step runs.
+    record = None if stop is not None and stop.is_set() else \
+        _check_memory(exp, workdir if resume else None, primary, c.steps - exp.steps_done)
     watch.step_seconds = exp.estimated_step_seconds()
-    if primary and watch.step_seconds is not None:
-        print("\n".join(cost_lines(watch.step_seconds, c.steps - exp.steps_done, c.env.name)),
-              flush=True)
+    watch.begin()  # the slow setup is over: from here a stop saves after the current step
     saved = json.loads(c.to_json())
+    as_it_was = config_path.read_text() if resume and primary and config_path.is_file() else None
     if primary:
         if record:
             saved[AUTO_MEMORY] = record
@@ -217,61 +281,139 @@ def _train(exp: experiment.Experiment, workdir: Path, resume: bool, stop: thread
         while exp.steps_done < c.steps and not any_process(
                 bool(stop and stop.is_set()) or monitor.stop_reason is not None):
             watch.step_started = start = time.perf_counter()
-            metrics = exp.step()
+            watch.stepped = True
+            with announce.phase(f"step {exp.steps_done + 1}", ": compiling the train step, "
+                                "then running it") if exp.steps_done == first and \
+                    not exp.sizes_its_step else contextlib.nullcontext():
+                metrics = exp.step()
             watch.step_started = None
             watch.step_seconds = metrics["timing/step_seconds"] = time.perf_counter() - start
             if evaluator is not None:
                 metrics.update(evaluate(evaluator, exp, workdir))
             metrics.update(monitor.observe(exp.steps_done, metrics))
             writers.write(exp.steps_done, metrics)
-            if checkpoints.maybe_save(exp.state):
+            if _save(checkpoints, exp.state, said=bool(stop and stop.is_set())):
                 watch.saved_step = exp.steps_done
             skipped = skipped + 1 if any(metrics.get(k, 0) > 0 for k in SKIPPED_UPDATES) else 0
             if c.max_skipped_steps and skipped >= c.max_skipped_steps:
-                checkpoints.maybe_save(exp.state, force=True)
+                _save(checkpoints, exp.state, force=True)
                 raise RunFault(_skipped_message(exp.steps_done, skipped))
-        checkpoints.maybe_save(exp.state, force=True)
+        if exp.steps_done > first:  # the end; a run that never stepped has nothing new to save
+            _save(checkpoints, exp.state, force=True)
     finally:
         writers.close()
         checkpoints.close()
         monitor.close()
+    if exp.steps_done == first and stop is not None and stop.is_set() and primary:
+        if as_it_was is not None:
+            write_atomically(config_path, as_it_was)
+        elif not resume:
+            _forget(workdir, existed, also=(RUN_CONFIG_FILE, METRICS_FILE))
+        print(f"stopped before the first step: {watch.nothing_done()}", flush=True)
     return exp.steps_done
 
 
-def cost_lines(step_seconds: float, steps: int, env: str) -> list[str]:
-    """What the run will cost by the step-time estimate, and, when that is far beyond a CPU
-    session, the CPU-sized config of the same game (or the quickstart's)."""
-    total = step_seconds * steps
+def _save(checkpoints: Checkpoints, state: Any, *, force: bool = False, said: bool = True,
+          ) -> bool:
+    """checkpoints.maybe_save(state, force=force), saying "saving step N ..." (and how long it
+    took, when long) if it saves and `said`."""
+    step = int(state.step)
+    due = force or (checkpoints.every > 0 and step % checkpoints.every == 0)
+    if not said or not due or step in checkpoints.steps:
+        return checkpoints.maybe_save(state, force=force)
+    with announce.phase(f"saving step {step}", f" in {checkpoints.directory}"):
+        return checkpoints.maybe_save(state, force=force)
+
+
+def _forget(workdir: Path, existed: set[str], also: tuple[str, ...] = ()) -> None:
+    """Removes what a run that never stepped made in `workdir`: the entries not in `existed`
+    (their names before it began) and those named in `also` (its run.lock stays: the lock's)."""
+    if not workdir.is_dir():
+        return
+    for path in workdir.iterdir():
+        if path.name == LOCK_FILE or (path.name in existed and path.name not in also):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def cost_lines(step_seconds: float, steps: int, env: str,
+               rate: speed.MatmulRate | None = None) -> list[str]:
+    """What the run will cost by the step-time estimate `step_seconds` (Experiment.
+    estimated_step_seconds at the f32 matmul rate `rate`; default: this process's measured
+    speed.matmul_rate), as a range (speed.step_range), and, when that is far beyond a CPU
+    session, the CPU-sized config of the same game (or the quickstart's), with the SFT warm
+    start it needs first (its model.require_init_from)."""
+    rate = speed.matmul_rate() if rate is None else rate
+    low, high = speed.step_range(step_seconds, rate)
     plural = "s" * (steps != 1)
-    lines = [f"estimated time on this CPU: ~{human_duration(step_seconds)} a step, "
-             f"~{human_duration(total)} for the {steps} step{plural} to run (autofit's step-time "
-             "model of a 2-core CPU, every reply at its full token budget; evaluations not "
+    lines = [f"estimated time on this CPU: ~{_duration_range(low, high)} a step, "
+             f"~{_duration_range(low * steps, high * steps)} for the {steps} step{plural} to "
+             f"run (autofit's step-time model at this machine's f32 matmul rate, measured now: "
+             f"{rate.describe()}; every reply at its full token budget; evaluations not "
              "included)"]
-    if total > CPU_SESSION_SECONDS:
+    if step_seconds * steps > CPU_SESSION_SECONDS:
         name = f"{env}_cpu.py" if (CONFIG_DIR / f"{env}_cpu.py").is_file() else "quickstart.py"
         game = "the same game" if name.startswith(env) else "a run"
+        command = f"python experiments/run.py --config {name}"
+        sft = _required_start(CONFIG_DIR / name)
+        if sft:
+            build, start = warm_start(sft)
+            command = f"{build}, then {command} {start}"
         lines.append(f"that is far beyond a CPU session: experiments/configs/{name} is {game} "
-                     f"sized for a CPU (python experiments/run.py --config {name} --workdir "
-                     f"runs/{name[:-3]}); running what was asked")
+                     f"sized for a CPU ({command} --workdir runs/{name[:-3]}); running what was "
+                     "asked")
     return lines
 
 
-def _check_memory(exp: experiment.Experiment, workdir: Path | None, primary: bool) -> dict | None:
-    """The step compiled and sized against the free memory before step 1 (experiment.check_memory:
-    MemoryError when it cannot fit), unless the Experiment does not size its step
-    (Experiment.sizes_its_step: check_memory=False, a host env, a swapped-in step). Memory
-    knobs left unset take the settings recorded in the config.json of `workdir` (a resumed run
-    steps as before) or are chosen now. Returns the record for config.json."""
-    if not exp.sizes_its_step:
-        return None
-    previous = experiment.read_run_config(workdir)[1] if workdir is not None and \
-        (workdir / RUN_CONFIG_FILE).is_file() else None
+def _duration_range(low: float, high: float) -> str:
+    """A range of durations: "5.3-7.7 s", "50 s to 2 min", or one when both read the same."""
+    a, b = human_duration(low), human_duration(high)
+    if a == b:
+        return a
+    if a.split()[1] == b.split()[1]:
+        return f"{a.split()[0]}-{b}"
+    return f"{a} to {b}"
+
+
+def _required_start(path: Path) -> str:
+    """model.require_init_from of config file `path`: the SFT config of its warm start, or ''."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config().model.require_init_from
+
+
+def _check_memory(exp: experiment.Experiment, workdir: Path | None, primary: bool,
+                  steps: int) -> dict | None:
+    """The cost lines of the `steps` to run, then the step compiled and sized against the free
+    memory before step 1 (experiment.check_memory: MemoryError when it cannot fit), unless the
+    Experiment does not size its step (Experiment.sizes_its_step: check_memory=False, a host
+    env, a swapped-in step). The step-time estimate needs no compile, so its lines come before
+    the compile: with memory knobs left unset, for the settings compiled first
+    (experiment.expected_step_seconds), and once more after the choice if that changed it by
+    over a tenth. Memory knobs left unset take the settings recorded in the config.json of
+    `workdir` (a resumed run steps as before) or are chosen now. Returns the record for
+    config.json."""
+    previous = experiment.read_run_config(workdir)[1] if exp.sizes_its_step and \
+        workdir is not None and (workdir / RUN_CONFIG_FILE).is_file() else None
     if previous and exp.auto and exp.memory is None:
         experiment.pin_memory(exp, previous["settings"])
+    expected = experiment.expected_step_seconds(exp)
+    if primary and expected is not None:
+        print("\n".join(cost_lines(expected, steps, exp.config.env.name)), flush=True)
+    if not exp.sizes_its_step:
+        return None
     plan = experiment.check_memory(exp, any_process, smallest=min_over_processes)
     if primary:
         chosen = exp.memory.line() if exp.memory else f"train step compiled: {plan}"
         print(chosen + (" (settings of the resumed run)" if previous else ""), flush=True)
+        now = exp.estimated_step_seconds()
+        if expected and now and abs(now / expected - 1) > 0.1:
+            print(f"with these settings, {cost_lines(now, steps, exp.config.env.name)[0]}",
+                  flush=True)
     return exp.memory.record() if exp.memory else previous
 
 
@@ -315,15 +457,23 @@ def evaluate(evaluator: Evaluator, exp: experiment.Experiment, workdir: Path) ->
     return {**result.metrics, "timing/eval_seconds": time.perf_counter() - start}
 
 
+def _may_exit() -> bool:
+    """Whether a stop before step 1 may end the process at once: not in a Jupyter kernel (an
+    interrupt there should leave the kernel and its state alive: the run ends before step 1)."""
+    return "ipykernel" not in sys.modules
+
+
 def run(config: experiment.ConfigDict, workdir: str | os.PathLike, *, resume: bool = False,
         config_file: str = "") -> int:
     """What `python experiments/run.py --config <config_file> --workdir <workdir>` does once its
     flags are parsed: checks `config` whole, takes the workdir's lock (a second run on it is
-    refused at once), builds the experiment and trains it (SIGINT / SIGTERM: stop_on_signals),
-    printing its lines. Returns the steps done."""
+    refused at once), builds the experiment and trains it (SIGINT / SIGTERM: stop_on_signals;
+    before step 1 one ends the process at once, but in a Jupyter kernel), printing its lines.
+    Returns the steps done."""
     started = time.perf_counter() - (process_age() or 0.0)  # "done in" counts the whole process
     process, processes = jax.process_index(), jax.process_count()
     experiment.train_config(config)  # every key and value checked before anything loads or compiles
+    check_start(config)  # a config that needs a warm start (model.require_init_from) has one
     say = print if process == 0 else lambda *_, **__: None
     if processes > 1:
         say(f"{processes} processes, {jax.device_count()} devices", flush=True)
@@ -332,8 +482,12 @@ def run(config: experiment.ConfigDict, workdir: str | os.PathLike, *, resume: bo
     if resume:
         check_resumable(path)
     # Taken before the slow part, so that a second run on the workdir is refused at once.
-    with WorkdirLock(path, say) if process == 0 else contextlib.nullcontext():
-        with stop_on_signals() as stop:
+    with WorkdirLock(path, say) if process == 0 else contextlib.nullcontext() as lock:
+        # A stop before step 1 ends the process at once, compiling or not: nothing to save.
+        with stop_on_signals(exit_before_start=_may_exit()) as stop:
+            stop.resumed = resume
+            if lock is not None:
+                stop.on_exit_before_start(lock.release)
             exp = experiment.build(config)
             done = train(exp, path, resume=resume, stop=stop, started=started)
     say(f"{done}/{config.steps} steps; workdir {workdir}", flush=True)
@@ -349,20 +503,30 @@ def run_sft(config: experiment.ConfigDict, workdir: Path, *, resume: bool = Fals
     policy (the "before" numbers: printed and written to before.json). Returns the steps done."""
     sft_lib.split_config(config)  # every key and value checked before anything loads or compiles
     print(f"config {config_file} -> {workdir}", flush=True)
-    with WorkdirLock(workdir, print):
+    # As run's: a stop before step 1 ends the process at once; the demonstrations and "before"
+    # numbers of a fresh run then go with it.
+    with WorkdirLock(workdir, print) as lock, \
+            stop_on_signals(exit_before_start=_may_exit()) as stop:
+        stop.resumed = resume
+        stop.on_exit_before_start(lock.release)
+        existed = {p.name for p in workdir.iterdir()}
+        if not resume:
+            stop.on_exit_before_start(lambda: _forget(workdir, existed))
         exp = sft_lib.build(config)
         fresh = not resume and not (workdir / RUN_CONFIG_FILE).exists()
         if config.sft.write_demos and fresh:
             workdir.mkdir(parents=True, exist_ok=True)
-            count = exp.write_demos(workdir / "demos.jsonl", config.sft.write_demos)
+            with announce.phase(f"writing {config.sft.write_demos} demonstrations"):
+                count = exp.write_demos(workdir / "demos.jsonl", config.sft.write_demos)
             print(f"{count} demonstrations -> {workdir / 'demos.jsonl'}", flush=True)
         if fresh and config.eval_every:
             before = exp.evaluator().evaluate(exp.state.actor).metrics
             print(f"evaluation before SFT:\n{summary_table(before)}", flush=True)
             workdir.mkdir(parents=True, exist_ok=True)
             (workdir / "before.json").write_text(json.dumps(before, indent=2) + "\n")
-        with stop_on_signals() as stop:
-            done = train(exp, workdir, resume=resume, stop=stop)
+        done = train(exp, workdir, resume=resume, stop=stop)
+        if stop.is_set() and not resume and done == 0:  # stopped before step 1 (train's line)
+            _forget(workdir, existed)
     print(f"{done}/{config.steps} steps; workdir {workdir}", flush=True)
     return done
 
@@ -397,7 +561,8 @@ def evaluate_experiment(exp: experiment.Experiment, workdir: Path, step: int | N
         step = checkpoints.latest_step if step is None else step
         if step is None:
             raise FileNotFoundError(f"{directory} holds no checkpoint")
-        state = checkpoints.restore(step, like=exp.state)
+        with announce.phase(f"restoring step {step}", f" from {checkpoints.directory}"):
+            state = checkpoints.restore(step, like=exp.state)
     finally:
         checkpoints.close()
     evaluator = experiment.build_evaluator(exp)

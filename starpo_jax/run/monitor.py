@@ -21,10 +21,15 @@ of s over the steps after the first `warmup` (no alert comes before).
   finite.
 - "skipped_update": the step dropped updates whose loss or gradients were not finite
   (actor/skipped_updates or critic/skipped_updates > 0, train.apply_if); no warmup.
+- "no_valid_reply": no reply was valid (rollout/action_is_valid = 0) in `no_valid_steps` steps
+  in a row: the model does not answer in the env's format, and nothing is learned; no warmup.
+  The run's first step with no valid reply is announced at once, as a notice (acts=False: it
+  takes no action), when no_valid_steps > 1.
 An alert fires once per episode of its condition: an echo-trap alert re-arms when its series
 has climbed back half way, to (1 - drop / 2) * peak (hysteresis, so a series hovering at the
 threshold does not fire every other step); a spike alert when g is back under its threshold;
-a skipped-update alert after a step that skipped none.
+a skipped-update alert after a step that skipped none; a no-valid-reply alert after a step
+with a valid reply.
 
 RunMonitor is the run's side (starpo_jax.run.loop.train): alerts on the console and in alerts.jsonl,
 the configured action, and the state rebuilt from metrics.jsonl when a run is resumed.
@@ -47,6 +52,7 @@ from starpo_jax.run.writers import METRICS_FILE, JsonlWriter
 from starpo_jax.train.step import SKIPPED_UPDATES
 
 REWARD_MEAN = "rollout/reward_mean"
+VALID = "rollout/action_is_valid"
 FALLING = ("rollout/reward_std", "actor/entropy")  # watched for an echo-trap fall
 GRAD_NORM = "actor/grad_norm"
 GRAD_WINDOW = 10  # grad norms in the spike reference's median
@@ -57,14 +63,16 @@ SUGGESTION_FILE = "suggested_overrides.json"
 @dataclasses.dataclass(frozen=True)
 class Alert:
     """One alert. value: the smoothed series (echo_trap) or the raw grad norm (grad_spike);
-    reference: the peak it fell from, or the median it spiked over (None if there was none)."""
+    reference: the peak it fell from, or the median it spiked over (None if there was none);
+    acts: False for a notice, which monitor.action does not act on."""
 
-    kind: str  # "echo_trap" | "grad_spike" | "skipped_update"
+    kind: str  # "echo_trap" | "grad_spike" | "skipped_update" | "no_valid_reply"
     step: int
     metric: str
     value: float
     reference: float | None
     message: str
+    acts: bool = True
 
 
 @dataclasses.dataclass
@@ -92,7 +100,8 @@ class CollapseMonitor:
         self.config = config
         self._seen = 0
         self._series = {name: _Series() for name in (*FALLING, REWARD_MEAN)}
-        self._armed = {name: True for name in (*FALLING, GRAD_NORM, *SKIPPED_UPDATES)}
+        self._armed = {name: True for name in (*FALLING, GRAD_NORM, *SKIPPED_UPDATES, VALID)}
+        self._invalid_since: int | None = None  # first step of the current run of no valid reply
         self._grad_norms: collections.deque[float] = collections.deque(maxlen=GRAD_WINDOW)
         self._grad_ref: float | None = None
         self._alerted = False
@@ -109,6 +118,8 @@ class CollapseMonitor:
             alerts.append(self._grad_spike(step, float(metrics[GRAD_NORM]), past_warmup))
         alerts += [self._skipped(step, name, float(metrics[name])) for name in SKIPPED_UPDATES
                    if name in metrics]
+        if VALID in metrics:
+            alerts.append(self._no_valid(step, float(metrics[VALID])))
         fired = [alert for alert in alerts if alert is not None]
         self._alerted = bool(fired)
         return fired
@@ -184,6 +195,34 @@ class CollapseMonitor:
         return Alert("skipped_update", step, name, count, None, message)
 
 
+    def _no_valid(self, step: int, valid: float) -> Alert | None:
+        needed = self.config.no_valid_steps
+        if not math.isfinite(valid):  # no turn to count: neither valid nor not
+            return None
+        if valid > 0 or not needed:
+            self._invalid_since = None
+            self._armed[VALID] = True
+            return None
+        if self._invalid_since is None:
+            self._invalid_since = step
+        steps = step - self._invalid_since + 1
+        if self._armed[VALID] and steps >= needed:
+            self._armed[VALID] = False
+            since = f" (steps {self._invalid_since}-{step})" if steps > 1 else ""
+            return Alert("no_valid_reply", step, VALID, valid, None,
+                         f"no reply was valid in {steps} step{'s' * (steps > 1)} in a row{since}, "
+                         f"{VALID} = 0: the model does not answer in the env's format, so nothing "
+                         "is learned; an SFT warm start teaches it (model.init_from, "
+                         "experiments/sft.py)")
+        if self._seen == 1:
+            return Alert("no_valid_reply", step, VALID, valid, None,
+                         f"no reply of the first step was valid ({VALID} = 0): the model may "
+                         f"not answer in the env's format; {needed} such steps in a row alert "
+                         "(monitor.no_valid_steps), and an SFT warm start teaches the format "
+                         "(model.init_from, experiments/sft.py)", acts=False)
+        return None
+
+
 def suggest_keep_ratio(keep_ratio: float, groups: int) -> float | None:
     """Half of `keep_ratio` (the paper's ladder 1.0 -> 0.5 -> 0.25), or None when the filter
     already keeps a single group of `groups` and cannot be raised."""
@@ -235,7 +274,7 @@ class RunMonitor:
                   flush=True)
             self._file.write(step, {k: v for k, v in dataclasses.asdict(alert).items()
                                     if k != "step"})
-            if self.config.action != "warn" and self.stop_reason is None:
+            if alert.acts and self.config.action != "warn" and self.stop_reason is None:
                 self.stop_reason = self._act(alert)
                 print(f"monitor: {self.stop_reason}", file=self._stream, flush=True)
         return self._monitor.metrics()

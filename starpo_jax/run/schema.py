@@ -113,6 +113,10 @@ def default_config() -> ConfigDict:
     "greedy" and/or "sampled" (at eval.temperature, eval.pass_k rollouts per initial state).
     model.init_from: a workdir of experiments/sft.py (or run.py) whose newest checkpoint's
     policy is the starting weights (LoRA adapters merged in; starpo_jax.run.sft); "" = model.source.
+    model.require_init_from: the experiments/sft.py config (of experiments/configs/) whose run
+    must be model.init_from: a config of a game the untrained model does not answer in format
+    names it, and check_config refuses it with model.init_from unset (check_start: the line
+    gives the SFT command and the override; "" = no such requirement, which also runs it anyway).
     mesh.tp: the tensor-parallel size when the run sees several devices (starpo_jax.models.sharding:
     every device of every process, len(jax.devices()) // tp of them on "fsdp").
     max_skipped_steps: experiments/run.py saves and stops after this many steps in a row whose
@@ -137,7 +141,8 @@ def default_config() -> ConfigDict:
     c.vanilla = False
     c.nothink = False
     c.model = ConfigDict({"source": "smollm2-135m-instruct", "dtype": "float32",
-                          "init_from": "", "matmul_precision": "auto"})
+                          "init_from": "", "matmul_precision": "auto",
+                          "require_init_from": ""})
     c.mesh = ConfigDict({"tp": 1})
     # env.module: comma-separated modules imported before env.name is looked up, so that envs
     # a user's package registers on import (envs_host.register, envs_jax.register) train by
@@ -260,9 +265,40 @@ def train_config(config: ConfigDict) -> TrainConfig:
 
 def check_config(config: ConfigDict) -> None:
     """train_config's checks, all but the advantage estimator's (see the module docstring),
-    without importing JAX: what a script runs before it imports the heavy stack. Raises
-    ValueError naming the key and what is valid."""
+    without importing JAX: what a script runs before it imports the heavy stack; and the run's
+    start (check_start). Raises ValueError naming the key and what is valid."""
     _train_config(config, _EstimatorUnchecked)
+    check_start(config)
+
+
+def warm_start(sft_config: str) -> tuple[str, str]:
+    """(the experiments/sft.py command that makes the warm start `sft_config` names, the
+    run.py override that starts from it)."""
+    workdir = f"runs/{Path(sft_config).stem}"
+    return (f"python experiments/sft.py --config {sft_config} --workdir {workdir}",
+            f"--config.model.init_from={workdir}")
+
+
+def check_start(config: Any) -> None:
+    """Refuses to start RL from the untrained model when the config says its game needs a warm
+    start (model.require_init_from names the SFT config) and model.init_from is unset: every
+    reply would be invalid and nothing learned, at minutes a step. One line: the SFT command,
+    the override to pass afterwards, and the one that runs it anyway. Run training's check
+    (check_config, loop.run), not train_config's: api.build still builds the config (a bench
+    of its shape needs no warm start)."""
+    full = merged_config(config)
+    needed, init = full.model.require_init_from, full.model.init_from
+    require_valid("model.require_init_from", needed, isinstance(needed, str),
+                  "'' or the name of an experiments/sft.py config, e.g. 'sokoban_sft.py'")
+    if not needed or init:
+        return
+    build, start = warm_start(needed)
+    raise ValueError(
+        f"config.model.init_from = {init!r} is invalid: this config trains a game the untrained "
+        f"model does not answer in format (model.require_init_from = {needed!r}: every reply "
+        f"invalid, nothing to learn); valid: a warm start, made first by `{build}`, then "
+        f"`{start}` (a --resume passes the run's own again; --config.model.require_init_from= "
+        "runs from the untrained model anyway)")
 
 
 def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:

@@ -11,12 +11,17 @@ command line to print without a traceback (experiments/run.py).
 
 The lock is an flock(2) on <workdir>/run.lock, which the kernel drops when its process ends,
 however it ends: a killed or crashed run never leaves the workdir locked. The file names its
-holder; a run that finds the name of a holder that is gone (it did not end cleanly) takes the
-lock over and says so.
+holder and is removed when the run releases it; a run that finds the name of a holder that is
+gone (it did not end cleanly) takes the lock over and says so.
+
+check_workdir makes the checks that need only the file system (a workdir that is a file,
+--resume of a workdir that holds no run, checkpoints without --resume, a live run's lock), for
+a script to make before it imports JAX; this module imports nothing heavy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -68,19 +73,21 @@ class WorkdirLock:
         path = self.workdir / LOCK_FILE
         check_directory(self.workdir)
         self._created = not self.workdir.exists()
-        try:
-            self.workdir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise RunFault(f"workdir {self.workdir} is not writable ({error.strerror or error}): "
-                           "fix its permissions or pass another --workdir") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read(fd) or "another process"
-            os.close(fd)
-            raise RunFault(f"workdir {self.workdir} is in use by {holder}: wait for that run to "
-                           "end, or pass another --workdir") from None
+        while True:
+            try:
+                self.workdir.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as error:
+                raise RunFault(f"workdir {self.workdir} is not writable "
+                               f"({error.strerror or error}): fix its permissions or pass "
+                               "another --workdir") from None
+            if not _flock(fd, fcntl.LOCK_EX):
+                holder = _read(fd) or "another process"
+                os.close(fd)
+                raise _in_use(self.workdir, holder)
+            if _is_file_of(fd, path):
+                break
+            os.close(fd)  # locked as its holder released and removed it: lock the new file
         previous = _read(fd)
         if previous:
             self._say(f"workdir {self.workdir}: taking over the lock of {previous}, which ended "
@@ -105,19 +112,100 @@ class WorkdirLock:
             _write(self._fd, "")  # empty: released cleanly, nothing to take over
         except OSError:
             pass  # the kernel still drops the lock below; the next run reports a takeover
+        with contextlib.suppress(OSError):  # removed while locked (see _is_file_of)
+            (self.workdir / LOCK_FILE).unlink()
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
         # A run that stopped before writing anything (e.g. a bad model file) leaves no workdir.
-        if self._created and [p.name for p in self.workdir.iterdir()] == [LOCK_FILE]:
-            (self.workdir / LOCK_FILE).unlink()
-            self.workdir.rmdir()
+        if self._created and not any(self.workdir.iterdir()):
+            with contextlib.suppress(OSError):
+                self.workdir.rmdir()
+
+    def release(self) -> None:
+        """Releases the lock now, however deeply this process holds it: for a process about to
+        end without unwinding (loop.StopRequests' exit before the run's first step)."""
+        while self.workdir in _held and self._fd is not None:
+            self.__exit__(None, None, None)
+
+
+def _in_use(workdir: Path, holder: str) -> RunFault:
+    return RunFault(f"workdir {workdir} is in use by {holder}: wait for that run to end, or "
+                    "pass another --workdir")
+
+
+def _flock(fd: int, kind: int) -> bool:
+    """flock(fd, kind) without waiting, tried a few times over 0.1 s (another process's
+    check_workdir holds a shared lock for an instant); False when it stays held."""
+    for attempt in range(5):
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt < 4:
+                time.sleep(0.025)
+    return False
+
+
+def _is_file_of(fd: int, path: Path) -> bool:
+    """Whether `fd` is still the file at `path`: a releasing run removes its lock file while it
+    holds it, so a run that opened the file before and locked it after must open it again."""
+    try:
+        now, held = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def check_directory(workdir: Path) -> None:
     """RunFault when the workdir path names something that is not a directory."""
     if Path(workdir).exists() and not Path(workdir).is_dir():
         raise RunFault(f"workdir {workdir} is a file, not a directory: pass another --workdir")
+
+
+def newest_checkpoint(workdir: Path) -> int | None:
+    """The newest step saved under <workdir>/checkpoints, read from the directory names (orbax
+    commits a save by renaming it to <step>/), None when there is none."""
+    try:
+        steps = [int(p.name) for p in (Path(workdir) / "checkpoints").iterdir()
+                 if p.name.isdigit() and p.is_dir()]
+    except OSError:  # no checkpoints directory (or not one)
+        return None
+    return max(steps, default=None)
+
+
+def check_unlocked(workdir: Path) -> None:
+    """RunFault, naming the holder, when a live run holds the workdir's lock (this process's
+    own lock excepted); creates nothing."""
+    if Path(workdir).absolute() in _held:
+        return
+    try:
+        fd = os.open(Path(workdir) / LOCK_FILE, os.O_RDONLY)
+    except OSError:  # no lock file: no run holds it (or one WorkdirLock will name)
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close below
+        except BlockingIOError:
+            raise _in_use(workdir, _read(fd) or "another process") from None
+    finally:
+        os.close(fd)
+
+
+def check_workdir(workdir: Path, resume: bool, lock: bool = True) -> None:
+    """The workdir checks that read only the file system, each a one-line error, for a script
+    to make before it imports JAX and builds the run (which makes them again): RunFault for a
+    workdir that is a file, for --resume of one that holds no run and, with `lock` (the process
+    that will take the lock), for one in use by a live run; FileExistsError for one that holds
+    checkpoints, without --resume."""
+    check_directory(workdir)
+    if resume:
+        check_resumable(workdir)
+    elif (step := newest_checkpoint(workdir)) is not None:
+        raise FileExistsError(f"{workdir} already holds checkpoints (newest: step {step}); "
+                              "pass --resume or another --workdir")
+    if lock:
+        check_unlocked(workdir)
 
 
 def check_resumable(workdir: Path) -> None:

@@ -28,7 +28,8 @@ WANDB_ID_FILE = "wandb_run_id"  # the workdir's Weights & Biases run, continued 
 CONSOLE_KEYS = ("train/success", "rollout/action_is_valid", "rollout/reward_mean",
                 "rollout/reward_std", "actor/entropy", "actor/grad_norm", "critic/vf_loss",
                 "sft/loss")
-# Summarised when a process ends: mean over its first third of steps -> over its last third.
+# Summarised when a process ends: mean over the run's first third of steps -> over its last
+# third (a resumed run's earlier steps read back from metrics.jsonl).
 TREND_KEYS = ("train/success", "rollout/action_is_valid", "rollout/reward_mean",
               "rollout/reward_std", "actor/entropy")
 
@@ -145,20 +146,22 @@ class ConsoleProgress:
     and the rate (and ETA) counts only the steps after it. `close` prints the elapsed time,
     since `started` (a time.perf_counter() value: the process's start for experiments/run.py)
     or else since this object was made, and, after 3 steps or more, `trend_line`: did the run
-    learn?
+    learn? `history`: the (step, metrics) of the steps before `first_step` (a resumed run's,
+    read_history), so that the trend covers the whole run, as a run never stopped prints it.
     """
 
     def __init__(self, total_steps: int, first_step: int = 0, every: int = 1,
-                 stream: TextIO = sys.stdout, started: float | None = None):
+                 stream: TextIO = sys.stdout, started: float | None = None,
+                 history: list[tuple[int, Mapping[str, float]]] = ()):
         self._total, self._first, self._every, self._stream = total_steps, first_step, every, stream
         self._start = time.perf_counter() if started is None else started
         self._since = "this process's start" if started is not None else "logging began"
         self._after_first: tuple[int, float] | None = None
-        self._history: list[tuple[int, dict[str, float]]] = []
+        self._history = [(step, _trend_values(m)) for step, m in history if step <= first_step]
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         now = time.perf_counter()
-        self._history.append((step, {k: float(metrics[k]) for k in TREND_KEYS if k in metrics}))
+        self._history.append((step, _trend_values(metrics)))
         if self._after_first is None:
             self._after_first = (step, now)
             timing = f"{now - self._start:.1f}s incl. compile"
@@ -180,9 +183,37 @@ class ConsoleProgress:
             print(trend, file=self._stream, flush=True)
 
 
+def _trend_values(metrics: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for key in TREND_KEYS:
+        try:
+            out[key] = float(metrics[key])
+        except (KeyError, TypeError, ValueError):
+            pass
+    return out
+
+
+def read_history(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(step, metrics) of each line of a metrics.jsonl; a line that is not a step's JSON object
+    (cut short by a kill) is skipped."""
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            row = json.loads(line)
+            out.append((int(row.pop("step")), row))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return out
+
+
 def trend_line(history: list[tuple[int, Mapping[str, float]]]) -> str:
     """"trend, steps 1-4 -> 9-12: success 0.06 -> 0.41, ..." from (step, metrics) pairs: each
-    key's mean over the first third of the steps and over the last third ("" under 3 steps)."""
+    key's mean over the first third of the steps and over the last third ("" under 3 steps;
+    thirds of one step read "trend, step 1 -> step 3: ...")."""
     third = len(history) // 3
     if third == 0:
         return ""
@@ -193,7 +224,8 @@ def trend_line(history: list[tuple[int, Mapping[str, float]]]) -> str:
             before = sum(m[key] for _, m in head) / third
             after = sum(m[key] for _, m in tail) / third
             parts.append(f"{key.split('/')[-1]} {before:.3g} -> {after:.3g}")
-    steps = f"steps {head[0][0]}-{head[-1][0]} -> {tail[0][0]}-{tail[-1][0]}"
+    steps = (f"step {head[0][0]} -> step {tail[0][0]}" if third == 1 else
+             f"steps {head[0][0]}-{head[-1][0]} -> {tail[0][0]}-{tail[-1][0]}")
     return f"trend, {steps}: " + ", ".join(parts) if parts else ""
 
 
@@ -215,9 +247,12 @@ class Writers:
 def open_writers(workdir: Path, total_steps: int, first_step: int = 0, console_every: int = 1,
                  started: float | None = None, more: tuple[MetricWriter, ...] = ()) -> Writers:
     """JSONL + TensorBoard under `workdir`, the console line every `console_every` steps (its
-    closing time since `started`, see ConsoleProgress) and the writers in `more`."""
+    closing time since `started`, see ConsoleProgress; its trend counts a resumed run's earlier
+    steps, read back from metrics.jsonl) and the writers in `more`."""
     workdir.mkdir(parents=True, exist_ok=True)
-    return Writers([JsonlWriter(workdir / METRICS_FILE, first_step),
-                    TensorBoardWriter(workdir / TENSORBOARD_DIR, first_step),
-                    ConsoleProgress(total_steps, first_step, console_every, started=started),
+    jsonl = JsonlWriter(workdir / METRICS_FILE, first_step)  # a resumed run's steps <= first_step
+    earlier = read_history(workdir / METRICS_FILE) if first_step else []
+    return Writers([jsonl, TensorBoardWriter(workdir / TENSORBOARD_DIR, first_step),
+                    ConsoleProgress(total_steps, first_step, console_every, started=started,
+                                    history=earlier),
                     *more])

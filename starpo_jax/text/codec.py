@@ -50,7 +50,10 @@ def chat_pieces(tokenizer: Any) -> dict[str, str]:
     roles = ("system", "user", "assistant", "user", "assistant")
     messages = [{"role": r, "content": c} for r, c in zip(roles, _SENTINELS)]
     full = tokenizer.apply_chat_template(messages, tokenize=False)
-    prompt = tokenizer.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
+    # reply_prefix="": the generation prompt without the reply prefix an exported policy's
+    # template adds (models/export.py prefixed_chat_template); other templates ignore it.
+    prompt = tokenizer.apply_chat_template(messages[:2], tokenize=False,
+                                           add_generation_prompt=True, reply_prefix="")
     cuts = [full.find(s) for s in _SENTINELS]
     if any(c < 0 for c in cuts) or cuts != sorted(cuts):
         raise ValueError(
