@@ -62,14 +62,10 @@ def _help() -> str:
         "Trains an LLM agent with StarPO-S (PPO or GRPO) on an env, as the config file says,\n"
         "writing its metrics, checkpoints and sample conversations under the workdir.",
         ["python experiments/run.py --config quickstart        # writes under runs/quickstart",
-         "python experiments/run.py --config sokoban_cpu --config.steps=40 --workdir runs/sk",
+         "python experiments/run.py --config sokoban_cpu "
+         "--config.model.init_from=runs/sokoban_sft",
          "python experiments/run.py --config quickstart --config.steps=20 --resume"],
-        [("--config CONFIG", "a config file, or a shipped config's name (below; .py optional)"),
-         ("--workdir DIR", f"where the run writes (default: {cli.RUNS_DIR}/<config name> "
-                           "in the current directory)"),
-         ("--resume", "continue the run in the workdir from its newest checkpoint"),
-         ("--config.KEY=VALUE", "set a config key (any key, repeat for more; below)"),
-         ("--help, --helpshort", "this page")],
+        cli.TRAIN_FLAGS,
         configs=cli.shipped_configs(CONFIG_DIR, sft=False), keys=cli.common_keys(),
         more="Every key, its default and what it does: docs/configuration.md. SFT warm starts:\n"
              "python experiments/sft.py --help. Evaluate or export a run: experiments/"

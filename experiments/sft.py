@@ -75,12 +75,7 @@ def _help() -> str:
         ["python experiments/sft.py --config sokoban_sft          # writes under runs/sokoban_sft",
          "python experiments/run.py --config sokoban_cpu --config.model.init_from=runs/sokoban_sft"
          ],
-        [("--config CONFIG", "a config file, or a shipped config's name (below; .py optional)"),
-         ("--workdir DIR", f"where the run writes (default: {cli.RUNS_DIR}/<config name> "
-                           "in the current directory)"),
-         ("--resume", "continue the run in the workdir from its newest checkpoint"),
-         ("--config.KEY=VALUE", "set a config key (any key, repeat for more; below)"),
-         ("--help, --helpshort", "this page")],
+        cli.TRAIN_FLAGS,
         configs=cli.shipped_configs(CONFIG_DIR, sft=True),
         keys=[row for row in cli.common_keys() if row[0] in shared] + list(SFT_KEYS),
         more="Every key, its default and what it does: docs/configuration.md; SFT: "

@@ -174,6 +174,16 @@ def wants_help(argv: list[str]) -> bool:
     return any(arg in HELP_FLAGS for arg in args[: args.index("--") if "--" in args else None])
 
 
+#: The flags of the training scripts (run.py, sft.py), as their help pages list them.
+TRAIN_FLAGS = [
+    ("--config CONFIG", "a config file, or a shipped config's name (below; .py optional)"),
+    ("--workdir DIR", f"where the run writes (default: {RUNS_DIR}/<config name> in the "
+                      "current directory)"),
+    ("--resume", "continue the run in the workdir from its newest checkpoint"),
+    ("--config.KEY=VALUE", "set a config key (any key, repeat for more; below)"),
+    ("--help, --helpshort", "this page")]
+
+
 def shipped_configs(config_dir: Path, sft: bool) -> list[tuple[str, str]]:
     """(name, the first line of its docstring) of each config file in `config_dir`: the SFT
     ones (experiments/sft.py's, named *sft*) or the others (run.py's)."""

@@ -35,3 +35,42 @@ def bench_module(name: str) -> Iterator[ModuleType]:
         yield importlib.import_module(name)
     finally:
         sys.path.remove(bench)
+
+
+def read_until(process: Any, lines: list[str], mark: str) -> None:
+    """Appends `process`'s stdout lines to `lines` until one starting with `mark` (or its end)."""
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith(mark):
+            return
+
+
+def interrupt(process: Any, timeout: float = 60) -> tuple[str, str, float]:
+    """SIGINT to `process`, then its end: (the rest of its stdout, its stderr, the seconds from
+    the signal to the exit)."""
+    import signal
+    import time
+
+    process.send_signal(signal.SIGINT)
+    sent = time.perf_counter()
+    rest, err = process.communicate(timeout=timeout)
+    return rest, err, time.perf_counter() - sent
+
+
+def stopped_before_step_1(process: Any, mark: str) -> tuple[str, str]:
+    """Ctrl-C to a run.py / sft.py `process` once its stdout shows a line starting with `mark`
+    (a phase before step 1): it must end within 5 s with 128 + SIGINT, saying nothing was
+    trained. Returns (its stdout, its stderr)."""
+    import signal
+
+    try:
+        lines: list[str] = []
+        read_until(process, lines, mark)
+        rest, err, took = interrupt(process)
+    finally:
+        process.kill()
+    out = "".join(lines) + rest
+    assert process.returncode == 128 + signal.SIGINT, out[-3000:] + err[-3000:]
+    assert took < 5, f"exited {took:.1f} s after Ctrl-C"
+    assert "SIGINT before the first step: stopped; nothing was trained, nothing saved" in out
+    return out, err
