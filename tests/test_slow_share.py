@@ -42,7 +42,9 @@ def test_ci_runs_the_share_after_the_fast_tier():
     ci = (ROOT / ".ci" / "run").read_text()
     fast = ci.index('-m "serial and not slow"')
     assert fast < ci.index("slow_share.py --parallel") < ci.index("slow_share.py --serial")
-    # An empty share runs nothing (pytest with no test ids would run the whole suite).
+    # A fast-tier failure fails CI (its line is no longer the script's last), and an empty
+    # share runs nothing (pytest with no test ids would run the whole suite).
+    assert 'python -m pytest -q -m "serial and not slow" || exit 1' in ci
     assert 'if [ -n "$parallel" ]' in ci and 'if [ -n "$serial" ]' in ci
     base = (ROOT / ".ci" / "slow_base").read_text().strip()
     assert len(base) == 40 and int(base, 16) >= 0

@@ -170,6 +170,8 @@ class Decoder(nnx.Module):
         attention_mask: jax.Array | None = None,
     ) -> jax.Array:
         """Scalar value per token [B, T] float32 (critic); needs `value_head=True`."""
+        if self.value_head is None:  # before the trunk runs
+            raise ValueError("this Decoder has no value head; build it with value_head=True")
         return self.value_from_hidden(self.hidden_states(input_ids, positions, attention_mask))
 
     def value_from_hidden(self, hidden: jax.Array) -> jax.Array:
