@@ -195,7 +195,8 @@ def test_workdir_mistakes_are_one_line_before_jax_loads(tmp_path, script_name, c
     (tmp_path / "file").write_text("x")
     (tmp_path / "old" / "checkpoints" / "12").mkdir(parents=True)
     (tmp_path / "old" / "checkpoints" / "12.orbax-checkpoint-tmp-1").mkdir()
-    (tmp_path / "live").mkdir()
+    # A live run's workdir holds its checkpoints too: a second run hears that it is in use.
+    (tmp_path / "live" / "checkpoints" / "3").mkdir(parents=True)
     holder = os.open(tmp_path / "live" / "run.lock", os.O_RDWR | os.O_CREAT)
     os.write(holder, b"run pid 4242 on elsewhere, since noon")
     fcntl.flock(holder, fcntl.LOCK_EX)

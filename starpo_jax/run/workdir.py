@@ -194,18 +194,19 @@ def check_unlocked(workdir: Path) -> None:
 
 def check_workdir(workdir: Path, resume: bool, lock: bool = True) -> None:
     """The workdir checks that read only the file system, each a one-line error, for a script
-    to make before it imports JAX and builds the run (which makes them again): RunFault for a
-    workdir that is a file, for --resume of one that holds no run and, with `lock` (the process
-    that will take the lock), for one in use by a live run; FileExistsError for one that holds
-    checkpoints, without --resume."""
+    to make before it imports JAX and builds the run (which makes them again), in the run's
+    order: RunFault for a workdir that is a file, with `lock` (the process that will take the
+    lock) for one in use by a live run (what a second run on it must hear first), and for
+    --resume of one that holds no run; FileExistsError for one that holds checkpoints, without
+    --resume."""
     check_directory(workdir)
+    if lock:
+        check_unlocked(workdir)
     if resume:
         check_resumable(workdir)
     elif (step := newest_checkpoint(workdir)) is not None:
         raise FileExistsError(f"{workdir} already holds checkpoints (newest: step {step}); "
                               "pass --resume or another --workdir")
-    if lock:
-        check_unlocked(workdir)
 
 
 def check_resumable(workdir: Path) -> None:
