@@ -11,7 +11,6 @@ comment for where each comes from): `reproduce.py --dry-run` shows the plan and 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from typing import Any, Callable
 
 from ml_collections import config_dict
@@ -19,7 +18,7 @@ from ml_collections import config_dict
 from starpo_jax.run import experiment
 from starpo_jax.run import sft as sft_lib
 from starpo_jax.analysis import sweep as sweep_lib
-from starpo_jax.run.cli import CONFIG_DIR
+from starpo_jax.run.cli import load_config
 from starpo_jax.run.writers import format_duration
 
 ConfigDict = config_dict.ConfigDict
@@ -202,18 +201,6 @@ def grid_sft_base(env: str) -> Callable[[], ConfigDict]:
         c.keep_checkpoints = 1  # the newest: the RL runs' start (analysis/reproduce.py keeps it)
         return c
     return base
-
-
-def load_config(name: str) -> ConfigDict:
-    """get_config() of a shipped config file: experiments/configs/<name> (".py" optional)."""
-    path = CONFIG_DIR / (name if name.endswith(".py") else f"{name}.py")
-    if not path.is_file():
-        shipped = ", ".join(sorted(p.name for p in CONFIG_DIR.glob("*.py")))
-        raise FileNotFoundError(f"no config file {path}; the shipped ones: {shipped}")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def _paper(name: str) -> Callable[[], ConfigDict]:

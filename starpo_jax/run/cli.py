@@ -21,6 +21,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 # The shipped config files (a source checkout's experiments/configs/): where a bare `--config
 # NAME` resolves, and the configs the suites and the step-time advice name.
@@ -122,6 +123,20 @@ def _resolve(value: str, config_dir: Path) -> str:
             if (config_dir / name).is_file():
                 return str(config_dir / name) + sep + rest
     return value
+
+
+def load_config(name: str, config_dir: Path = CONFIG_DIR) -> Any:
+    """get_config() of a shipped config file: <config_dir>/<name> (".py" optional)."""
+    import importlib.util
+
+    path = config_dir / (name if name.endswith(".py") else f"{name}.py")
+    if not path.is_file():
+        shipped = ", ".join(sorted(p.name for p in config_dir.glob("*.py")))
+        raise FileNotFoundError(f"no config file {path}; the shipped ones: {shipped}")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
 def default_workdir(config_file: str) -> str:

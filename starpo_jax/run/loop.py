@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -61,7 +60,7 @@ import jax
 from starpo_jax.run import announce, experiment
 from starpo_jax.run import sft as sft_lib
 from starpo_jax.run.checkpoint import Checkpoints, checkpoint_bytes
-from starpo_jax.run.cli import CONFIG_DIR
+from starpo_jax.run.cli import CONFIG_DIR, load_config
 from starpo_jax.run.distributed import any_process, min_over_processes
 from starpo_jax.run.evaluation import Evaluator, summary_table
 from starpo_jax.run.writers import (METRICS_FILE, WandbWriter, Writers, human_duration,
@@ -358,7 +357,7 @@ def cost_lines(step_seconds: float, steps: int, env: str,
         name = f"{env}_cpu.py" if (CONFIG_DIR / f"{env}_cpu.py").is_file() else "quickstart.py"
         game = "the same game" if name.startswith(env) else "a run"
         command = f"python experiments/run.py --config {name}"
-        sft = _required_start(CONFIG_DIR / name)
+        sft = load_config(name).model.require_init_from
         if sft:
             build, start = warm_start(sft)
             command = f"{build}, then {command} {start}"
@@ -376,14 +375,6 @@ def _duration_range(low: float, high: float) -> str:
     if a.split()[1] == b.split()[1]:
         return f"{a.split()[0]}-{b}"
     return f"{a} to {b}"
-
-
-def _required_start(path: Path) -> str:
-    """model.require_init_from of config file `path`: the SFT config of its warm start, or ''."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config().model.require_init_from
 
 
 def _check_memory(exp: experiment.Experiment, workdir: Path | None, primary: bool,

@@ -274,7 +274,7 @@ def check_config(config: ConfigDict) -> None:
 def warm_start(sft_config: str) -> tuple[str, str]:
     """(the experiments/sft.py command that makes the warm start `sft_config` names, the
     run.py override that starts from it)."""
-    workdir = f"runs/{Path(sft_config).stem}"
+    workdir = f"runs/{Path(sft_config).stem}"  # cli.default_workdir (cli imports this module)
     return (f"python experiments/sft.py --config {sft_config} --workdir {workdir}",
             f"--config.model.init_from={workdir}")
 
