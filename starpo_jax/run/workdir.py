@@ -124,7 +124,7 @@ class WorkdirLock:
 
     def release(self) -> None:
         """Releases the lock now, however deeply this process holds it: for a process about to
-        end without unwinding (loop.StopRequests' exit before the run's first step)."""
+        end without unwinding (stops.StopRequests' exit before the run's first step)."""
         while self.workdir in _held and self._fd is not None:
             self.__exit__(None, None, None)
 
