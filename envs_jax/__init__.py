@@ -1,5 +1,5 @@
-"""Pure-JAX text games (Bandit, Sokoban, FrozenLake, Countdown, Sudoku) on jumanji's
-Environment API.
+"""Pure-JAX text games (Bandit, Sokoban, FrozenLake, Countdown, Sudoku, 2048, the 2x2 Rubik's
+cube, Maze) on jumanji's Environment API.
 
 `import envs_jax` is light (no JAX, no jumanji): the registry and the games load on the first
 use of `TextEnv`, `make`, `names`, `register` or `settings`, so that a run config can be checked
@@ -13,7 +13,8 @@ from envs_jax import _jupyter  # noqa: F401
 from envs_jax.catalog import EnvSettings
 
 _LAZY = ("TextEnv", "make", "names", "register", "settings")
-_GAMES = ("bandit", "countdown", "frozen_lake", "sokoban", "sudoku")
+_GAMES = ("bandit", "countdown", "frozen_lake", "sokoban", "sudoku", "game_2048", "rubiks_cube",
+          "maze")
 
 
 def __getattr__(name: str):  # PEP 562: the heavy part on first use

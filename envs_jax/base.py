@@ -16,6 +16,10 @@ array of ids into `symbol_strings`, and the text of a state is, by definition,
     "\n".join("".join(symbol_strings[i] for i in row) for row in render_symbols(state))
 
 so the text layer can turn the ids into tokens inside jit with tables built once on the host.
+
+A grid game may instead show fixed text and slots (`observation_parts`, as a free-text game
+does) while keeping its action words: Sokoban and FrozenLake in RAGEN's coordinate formats
+(envs_jax.coords). `render_symbols` then returns {slot name: [width] int32}.
 """
 
 from __future__ import annotations
@@ -58,13 +62,25 @@ class TextEnv(Environment[State, specs.DiscreteArray, Observation], Generic[Stat
     settings: EnvSettings = EnvSettings()
     #: Steps after which an episode is truncated.
     max_steps: int
+    #: None: the symbol grid is the observation. Otherwise the observation's text as fixed
+    #: strings and `TextSlot`s (no two slots adjacent), as for a FreeTextEnv, and
+    #: `render_symbols` returns {slot name: [width] int32}; the actions stay `action_names`.
+    observation_parts: tuple[str | TextSlot, ...] | None = None
 
     @abc.abstractmethod
     def render_symbols(self, state: State) -> chex.Array:
-        """Symbol ids of the state's text: int32 [R, C] (pure JAX, jit/vmap-able)."""
+        """Symbol ids of the state's text: int32 [R, C], or {slot name: [width] int32} when
+        `observation_parts` is set (pure JAX, jit/vmap-able)."""
+
+    @property
+    def slots(self) -> tuple[TextSlot, ...]:
+        """The observation's slots (none for a symbol grid)."""
+        return tuple(p for p in self.observation_parts or () if isinstance(p, TextSlot))
 
     def render_text(self, state: State) -> str:
         """The state as the original renders it (host side, one unbatched state)."""
+        if self.observation_parts is not None:
+            return slot_text(self.observation_parts, jax.device_get(self.render_symbols(state)))
         ids = np.asarray(jax.device_get(self.render_symbols(state)))
         if ids.ndim != 2:
             raise ValueError("render_text takes one unbatched state; got symbols of shape "
@@ -128,12 +144,16 @@ class TextSlot:
     """A dynamic part of a free-text observation: `width` symbols from `symbols` (at most 19
     strings, "" allowed: it renders as nothing). sample(rng) -> [width] int ids: a filling as the
     env renders it, from which the text layer finds where the slot's tokens begin and end and
-    against which it checks its rendering (so samples should cover what the env shows)."""
+    against which it checks its rendering (so samples should cover what the env shows).
+    max_bytes: the most UTF-8 bytes any filling's text takes, when the env knows a bound
+    tighter than width x the longest symbol's (the default): the text layer reserves that many
+    tokens for the slot (a slot of long, rarely used symbols, such as line labels)."""
 
     name: str
     symbols: tuple[str, ...]
     width: int
     sample: Callable[[np.random.Generator], np.ndarray]
+    max_bytes: int | None = None
 
 
 class FreeTextEnv(TextEnv[State, Observation]):
@@ -165,17 +185,8 @@ class FreeTextEnv(TextEnv[State, Observation]):
         """item [action_bytes] int32 bytes (-1 past the end), length [] int32 -> an action."""
 
     @property
-    def slots(self) -> tuple[TextSlot, ...]:
-        return tuple(p for p in self.observation_parts if isinstance(p, TextSlot))
-
-    @property
     def symbol_strings(self) -> tuple[str, ...]:  # type: ignore[override]
         return tuple(dict.fromkeys(s for slot in self.slots for s in slot.symbols if s))
-
-    def render_text(self, state: State) -> str:
-        """The observation's text (host side, one unbatched state)."""
-        ids = jax.device_get(self.render_symbols(state))
-        return slot_text(self.observation_parts, ids)
 
 
 def slot_text(parts: tuple[str | TextSlot, ...], ids: dict[str, Any]) -> str:

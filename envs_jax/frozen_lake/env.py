@@ -1,8 +1,13 @@
-"""FrozenLake as RAGEN plays it: gymnasium's slippery rules on a new random map every reset."""
+"""FrozenLake as RAGEN plays it: gymnasium's slippery rules on a new random map every reset.
+
+Observations in RAGEN's formats (envs_jax.coords): "grid", "coord" (start, goal, player /
+player on goal / player in hole, holes, as RAGEN reads its map `desc`: the start stays the
+start after the player leaves it) or "grid_coord" (both).
+"""
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 
 import chex
 import jax
@@ -12,6 +17,7 @@ from jumanji import specs
 from jumanji.types import StepType, TimeStep
 
 from envs_jax.base import TextEnv
+from envs_jax.coords import CoordinateFormats, CoordinateLines
 from envs_jax.frozen_lake.generator import RandomMapGenerator
 from envs_jax.frozen_lake.types import (
     ACTION_NAMES,
@@ -36,6 +42,21 @@ INSTRUCTIONS = (
     "forbid the hole and go to the target, I should go left then go up.</think><answer>Left || "
     "Up</answer>"
 )
+# CoordFrozenLake's env_instruction (RAGEN config/envs.yaml, a YAML `|` block: its final newline
+# kept). It says "(5, 5)" although that env's board is RAGEN's default 4x4 (corner (3, 3)):
+# the original's text, word for word.
+COORD_INSTRUCTIONS = (
+    "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and "
+    "zero-indexed coordinates for the start, goal, player, and any holes.\n"
+    "Coordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5).\n"
+    "Beware that the ice is slippery, so the agent might slide and end up in an unintended "
+    "tile.\n"
+    "Respond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n"
+)
+# The coordinate lines' labels in RAGEN's order (frozen_lake/utils.py format_coordinate_render).
+COORDINATE_LABELS = ("Start", "Goal", "Player", "Player on goal", "Player in hole", "Holes")
+# gymnasium's FrozenLake-v1 default: with is_slippery, each of the three directions 1/3.
+GYMNASIUM_SUCCESS_RATE = 1.0 / 3.0
 # The original's grid_vocab: "_" is "empty" there (a frozen tile).
 MEANINGS = ("player", "empty", "hole", "goal", "player in hole", "player on goal")
 
@@ -44,14 +65,17 @@ _TILE_OF_SYMBOL = {"P": FROZEN, "_": FROZEN, "O": HOLE, "G": GOAL, "X": HOLE, "â
 _PLAYER_SYMBOLS = {SYMBOL_STRINGS[i] for i in (PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL)}
 
 
-class FrozenLake(TextEnv[State, Observation]):
+class FrozenLake(CoordinateFormats, TextEnv[State, Observation]):
     """Reach the goal on slippery ice without falling into a hole.
 
     - Map: `size` x `size`, each tile frozen with probability `p`, start and goal on distinct
       random cells, a start-to-goal path guaranteed; a new map at every reset.
     - Actions (gymnasium's ids): 0 Left, 1 Down, 2 Right, 3 Up. With `slippery` the player moves
-      in the intended direction or either perpendicular one, 1/3 each (gymnasium FrozenLake-v1,
-      is_slippery=True); moving off the grid leaves the player in place.
+      in the intended direction with probability `success_rate`, else in either perpendicular
+      one, (1 - success_rate) / 2 each: gymnasium FrozenLake-v1's is_slippery and
+      success_rate (default 1/3: each direction 1/3), which RAGEN passes on (its
+      FrozenLakeEnvConfig.success_rate). slippery=False is success_rate=1.0 (never slips);
+      moving off the grid leaves the player in place.
     - Reward 1 on reaching the goal, else 0. Terminates in a hole or at the goal (stepping a
       finished episode leaves it unchanged with reward 0, as gymnasium); truncates after
       `max_steps` steps. extras: `success` (player on the goal), `action_is_effective` (moved).
@@ -69,10 +93,16 @@ class FrozenLake(TextEnv[State, Observation]):
         slippery: bool = True,
         max_steps: int = 100,
         max_map_tries: int = 64,
+        success_rate: float = GYMNASIUM_SUCCESS_RATE,
+        observation_format: str = "grid",
+        instructions: str | None = None,
     ) -> None:
         """size >= 2; 0 < p <= 1 (probability a tile is frozen); max_steps >= 1 (gymnasium's
         FrozenLake-v1 limit for 4x4 is 100; the original caps actions at 10 on the agent side);
-        max_map_tries >= 1 redraws before a corridor is thawed instead."""
+        max_map_tries >= 1 redraws before a corridor is thawed instead; 0 <= success_rate <= 1
+        (when slippery, see the class docstring); observation_format "grid", "coord" or
+        "grid_coord"; instructions: the prompt's env instruction (None: the original's
+        FrozenLake text)."""
         ints = (("size", size, 2), ("max_steps", max_steps, 1), ("max_map_tries", max_map_tries, 1))
         for label, value, least in ints:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -81,15 +111,33 @@ class FrozenLake(TextEnv[State, Observation]):
             raise ValueError(f"p (probability a tile is frozen) must be in (0, 1]; got {p!r}")
         if not isinstance(slippery, bool):
             raise ValueError(f"slippery must be a bool; got {slippery!r}")
+        if (isinstance(success_rate, bool) or not isinstance(success_rate, (int, float))
+                or not 0.0 <= success_rate <= 1.0):
+            raise ValueError(f"success_rate (probability of moving as intended) must be in "
+                             f"[0, 1]; got {success_rate!r}")
+        if instructions is not None:
+            if not isinstance(instructions, str):
+                raise ValueError(f"instructions must be a str; got {instructions!r}")
+            self.instructions = instructions
+        self.success_rate = float(success_rate)
         self.size = size
         self.p = float(p)
         self.slippery = slippery
         self.max_steps = max_steps
         self.generator = RandomMapGenerator(size, self.p, max_map_tries)
+        # Start, goal and player: one cell each; holes: at most all other cells but the goal.
+        self._setup_formats(observation_format, CoordinateLines(
+            COORDINATE_LABELS, size, size, size * size + 2,
+            partial(_random_lakes, size=size), exclusive=((2, 3, 4),)))
         super().__init__()
 
     def _describe(self) -> str:
-        return f"size={self.size}, p={self.p}, slippery={self.slippery}, max_steps={self.max_steps}"
+        rate = ("" if self.success_rate == GYMNASIUM_SUCCESS_RATE
+                else f", success_rate={self.success_rate}")
+        shown = ("" if self.observation_format == "grid"
+                 else f", observation_format={self.observation_format!r}")
+        return (f"size={self.size}, p={self.p}, slippery={self.slippery}{rate}, "
+                f"max_steps={self.max_steps}{shown}")
 
     def reset(self, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
         """A new random map with the player on its start. key: PRNG key."""
@@ -98,9 +146,17 @@ class FrozenLake(TextEnv[State, Observation]):
     def step(self, state: State, action: chex.Array) -> tuple[State, TimeStep[Observation]]:
         """One move. action: [] int32 in 0..3 (Left, Down, Right, Up)."""
         slip_key, next_key = jax.random.split(state.key)
-        # A split key's words are already uniform bits: reading one (mod 3, bias 2**-32) instead
-        # of hashing again with randint doubles the batched step rate.
-        slip = (jax.random.key_data(slip_key)[..., 0] % 3).astype(jnp.int32) - 1
+        # A split key's words are already uniform bits: reading one instead of hashing again
+        # with randint doubles the batched step rate. gymnasium's default 1/3 each reads it
+        # mod 3 (bias 2**-32); another success_rate compares its top 24 bits with thresholds.
+        bits = jax.random.key_data(slip_key)[..., 0]
+        if self.success_rate == GYMNASIUM_SUCCESS_RATE:
+            slip = (bits % 3).astype(jnp.int32) - 1
+        else:
+            u = (bits >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)  # [0, 1)
+            side = jnp.float32(self.success_rate + (1.0 - self.success_rate) / 2)
+            slip = jnp.where(u < jnp.float32(self.success_rate), 0,
+                             jnp.where(u < side, -1, 1)).astype(jnp.int32)
         slip = slip if self.slippery else 0
         direction = (jnp.asarray(action, jnp.int32) + slip) % 4
         moved = jnp.clip(state.player + jnp.asarray(MOVES, jnp.int32)[direction], 0, self.size - 1)
@@ -126,19 +182,33 @@ class FrozenLake(TextEnv[State, Observation]):
         return next_state, timestep
 
     def render_symbols(self, state: State) -> chex.Array:
-        """[S, S] int32 ids into `symbol_strings`."""
+        """[S, S] int32 ids into `symbol_strings`, or in a coordinate format {"coords": [width]
+        (, "grid": [S * (S + 1) - 1])} (envs_jax.coords)."""
+        return self._format_symbols(state)
+
+    def _grid_symbols(self, state: State) -> chex.Array:
         return symbol_grid(state.tiles, state.player)
+
+    def _coordinate_masks(self, state: State) -> chex.Array:
+        """bool [6, S, S]: start, goal, player (on ice), player on goal, player in hole, holes
+        (RAGEN's collect_entity_coordinates on its desc)."""
+        cells = jnp.arange(self.size)
+        at = lambda p: (cells[:, None] == p[0]) & (cells[None, :] == p[1])  # noqa: E731
+        player, goal, hole = at(state.player), state.tiles == GOAL, state.tiles == HOLE
+        return jnp.stack([at(state.start), goal, player & ~goal & ~hole, player & goal,
+                          player & hole, hole])
 
     def dead_end(self, state: State) -> chex.Array:
         """bool []: the player fell into a hole (the episode ended without success)."""
         return state.tiles[state.player[0], state.player[1]] == HOLE
 
     def reset_from_text(self, text: str, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
-        """A state from a `render_text` grid: size rows of size symbols, one goal, one player.
+        """A state from a `render_text` grid: size rows of size symbols, one goal, one player
+        (of a grid_coord observation, the grid after "Grid Map:").
 
         The player's cell becomes the start. key seeds the slippery transitions.
         """
-        rows = text.strip("\n").split("\n")
+        rows = self._grid_text(text).strip("\n").split("\n")
         if len(rows) != self.size or any(len(row) != self.size for row in rows):
             shape = [len(row) for row in rows]
             raise ValueError(
@@ -174,7 +244,7 @@ class FrozenLake(TextEnv[State, Observation]):
         return state, timestep
 
     def _observe(self, state: State) -> Observation:
-        return Observation(grid=self.render_symbols(state), step_count=state.step_count)
+        return Observation(grid=self._grid_symbols(state), step_count=state.step_count)
 
     @cached_property
     def observation_spec(self) -> specs.Spec[Observation]:
@@ -186,3 +256,19 @@ class FrozenLake(TextEnv[State, Observation]):
             ),
             step_count=specs.BoundedArray((), jnp.int32, 0, self.max_steps, "step_count"),
         )
+
+
+def _random_lakes(rng: np.random.Generator, count: int, *, size: int) -> np.ndarray:
+    """bool [count, 6, size, size] (`_coordinate_masks`' kinds) of random lakes: holes of a
+    random density, start and goal on distinct cells, the player anywhere (on the start,
+    the goal or in a hole more often than by chance)."""
+    out = np.zeros((count, 6, size * size), bool)
+    for i in range(count):
+        start, goal = rng.choice(size * size, 2, replace=False)
+        holes = rng.random(size * size) < rng.uniform(0.0, 0.6)
+        holes[[start, goal]] = False
+        pick = rng.random()
+        player = start if pick < 0.25 else goal if pick < 0.4 else int(rng.integers(size * size))
+        out[i, 0, start], out[i, 1, goal], out[i, 5] = True, True, holes
+        out[i, 2 + (player == goal) + 2 * bool(holes[player]), player] = True
+    return out.reshape(count, 6, size, size)

@@ -2,7 +2,7 @@
 
 from envs_jax.catalog import BUILTIN
 from envs_jax.registry import register
-from envs_jax.sokoban.constants import NEW_VOCAB_SYMBOLS, SYMBOLS
+from envs_jax.sokoban.constants import COORD_INSTRUCTIONS, NEW_VOCAB_SYMBOLS, SYMBOLS
 from envs_jax.sokoban.env import Sokoban
 from envs_jax.sokoban.types import Observation, State
 
@@ -22,6 +22,13 @@ register(
     num_boxes=1,
     search_depth=300,
     symbols=NEW_VOCAB_SYMBOLS,
+)
+
+# RAGEN's CoordSokoban: 6x6, one box, the grid and the coordinate lines (envs_jax.coords).
+register(
+    "coord_sokoban", Sokoban, settings=BUILTIN["coord_sokoban"], dim_room=(6, 6), num_boxes=1,
+    max_steps=100, search_depth=300, observation_format="grid_coord",
+    instructions=COORD_INSTRUCTIONS,
 )
 
 __all__ = ["NEW_VOCAB_SYMBOLS", "SYMBOLS", "Observation", "Sokoban", "State"]

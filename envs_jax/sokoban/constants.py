@@ -32,6 +32,23 @@ INSTRUCTIONS = (
     "should be a sequence of actions, like <answer>Right || Right || Up</answer>"
 )
 
+#: CoordSokoban's env_instruction (RAGEN config/envs.yaml, a YAML `|` block: its trailing
+#: spaces and final newline kept), for the coordinate formats (envs_jax.coords).
+COORD_INSTRUCTIONS = (
+    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to "
+    "targets.\n"
+    "You are provided with a symbol grid and the zero-indexed coordinates of the player, each "
+    "box, and each target. \n"
+    "Coordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5). \n"
+    "When you are exactly next to a box, you can push it by moving in the same direction. \n"
+    "You cannot push a box through a wall, and you cannot pull a box.\n"
+    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.\n"
+)
+#: The coordinate lines' labels, in RAGEN's order (format_coordinate_render; it never lists
+#: walls).
+COORDINATE_LABELS: tuple[str, ...] = (
+    "Targets", "Boxes", "Boxes on target", "Player", "Player on target")
+
 #: The original's action order; action i moves the player by MOVES[i] = (d_row, d_col).
 ACTION_NAMES: tuple[str, ...] = ("Up", "Down", "Left", "Right")
 MOVES: tuple[tuple[int, int], ...] = ((-1, 0), (1, 0), (0, -1), (0, 1))

@@ -4,11 +4,15 @@ An action pushes the box ahead if the cell beyond it is free floor or target, el
 cell ahead is free. Every step costs 0.1; a box arriving on a target pays +1, one leaving pays -1
 (at most one of them per step, as only one box moves); solving pays +10 and terminates; the
 episode is truncated after `max_steps` actions. Cells off the grid count as walls.
+
+Observations in RAGEN's formats (envs_jax.coords): "grid" (the symbol grid), "coord" (the
+coordinate lines: targets, boxes, boxes on target, player, player on target) or "grid_coord"
+(both).
 """
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 
 import chex
 import jax
@@ -18,6 +22,7 @@ from jumanji import specs
 from jumanji.types import StepType, TimeStep, restart
 
 from envs_jax.base import TextEnv
+from envs_jax.coords import CoordinateFormats, CoordinateLines
 from envs_jax.sokoban import constants as c
 from envs_jax.sokoban.deadlock import has_deadlock
 from envs_jax.sokoban.generator import GeneratorConfig, generate
@@ -36,7 +41,7 @@ def _check_int(name: str, value: object, low: int, high: int | None = None) -> i
     return int(value)
 
 
-class Sokoban(TextEnv[State, Observation]):
+class Sokoban(CoordinateFormats, TextEnv[State, Observation]):
     """Push every box onto a target; levels come from the in-JAX generator (see generator.py).
 
     Args:
@@ -54,6 +59,9 @@ class Sokoban(TextEnv[State, Observation]):
         attempts side by side, shared by the levels still pending.
       gen_screen_rooms: rooms carved per attempt; the first that can possibly score is
         played out (see generator._room).
+      observation_format: "grid", "coord" or "grid_coord" (RAGEN's; module docstring).
+      instructions: the prompt's env instruction (None: the original's Sokoban text,
+        constants.INSTRUCTIONS).
     """
 
     action_names = c.ACTION_NAMES
@@ -71,6 +79,8 @@ class Sokoban(TextEnv[State, Observation]):
         playout_length: int | None = None,
         gen_slot_divisor: int = 4,
         gen_screen_rooms: int = 4,
+        observation_format: str = "grid",
+        instructions: str | None = None,
     ):
         if not (isinstance(dim_room, (tuple, list)) and len(dim_room) == 2):
             raise ValueError(f"dim_room must be a (rows, cols) pair; got {dim_room!r}")
@@ -109,6 +119,16 @@ class Sokoban(TextEnv[State, Observation]):
         self.num_boxes = num_boxes
         self.symbol_strings = symbols
         self.symbol_legend = tuple(zip(symbols, c.SYMBOL_MEANINGS))
+        if instructions is not None:
+            if not isinstance(instructions, str):
+                raise ValueError(f"instructions must be a str; got {instructions!r}")
+            self.instructions = instructions
+        # Kinds in RAGEN's line order; at most 2 * num_boxes + 1 cells (a level of
+        # reset_from_text with more boxes is refused in the coordinate formats).
+        self._setup_formats(observation_format, CoordinateLines(
+            c.COORDINATE_LABELS, rows, cols, 2 * num_boxes + 1,
+            partial(_random_boards, rows=rows, cols=cols, num_boxes=num_boxes),
+            exclusive=((3, 4),)))
         super().__init__()
 
     def _describe(self) -> str:
@@ -116,6 +136,8 @@ class Sokoban(TextEnv[State, Observation]):
         return (
             f"dim_room={self.dim_room}, num_boxes={self.num_boxes}, max_steps={self.max_steps}, "
             f"search_depth={cfg.search_depth}"
+            + ("" if self.observation_format == "grid"
+               else f", observation_format={self.observation_format!r}")
         )
 
     @cached_property
@@ -134,16 +156,21 @@ class Sokoban(TextEnv[State, Observation]):
         return self._start(key, level.walls, level.targets, level.boxes, level.player)
 
     def reset_from_text(self, text: str, key: chex.PRNGKey) -> tuple[State, TimeStep[Observation]]:
-        """The level drawn in `text` (this env's symbols, rows split by newlines).
+        """The level drawn in `text` (this env's symbols, rows split by newlines; of a
+        grid_coord observation, the grid after "Grid Map:").
 
         Raises ValueError for ragged rows, unknown symbols, a player count other than one,
-        #boxes != #targets or no box, or a size other than dim_room.
+        #boxes != #targets or no box, or a size other than dim_room; in the coordinate
+        formats also for more boxes than num_boxes.
         """
-        ids = parse_symbols(text, self.symbol_strings)
+        ids = parse_symbols(self._grid_text(text), self.symbol_strings)
         if ids.shape != self.dim_room:
             raise ValueError(f"level is {ids.shape[0]}x{ids.shape[1]}; this env's dim_room is "
                              f"{self.dim_room[0]}x{self.dim_room[1]}")
         layers = layers_from_symbols(ids)
+        if self.observation_format != "grid" and layers.boxes.sum() > self.num_boxes:
+            raise ValueError(f"level has {int(layers.boxes.sum())} boxes; this env lists the "
+                             f"coordinates of num_boxes={self.num_boxes} at most")
         return self._start(
             key,
             jnp.asarray(layers.walls),
@@ -208,7 +235,11 @@ class Sokoban(TextEnv[State, Observation]):
         return state, timestep
 
     def render_symbols(self, state: State) -> chex.Array:
-        """Symbol ids int32 [H, W] of the state (see constants)."""
+        """Symbol ids int32 [H, W] of the state (see constants), or in a coordinate format
+        {"coords": [width] (, "grid": [H * (W + 1) - 1])} (envs_jax.coords)."""
+        return self._format_symbols(state)
+
+    def _grid_symbols(self, state: State) -> chex.Array:
         rows, cols = _coords(self.dim_room)
         is_player = (rows == state.player[0]) & (cols == state.player[1])
         ids = jnp.where(state.walls, c.WALL, c.EMPTY)
@@ -217,13 +248,41 @@ class Sokoban(TextEnv[State, Observation]):
         player = jnp.where(state.targets, c.PLAYER_ON_TARGET, c.PLAYER)
         return jnp.where(is_player, player, ids).astype(jnp.int32)
 
+    def _coordinate_masks(self, state: State) -> chex.Array:
+        """bool [5, H, W]: targets, boxes off target, boxes on target, player, player on
+        target (RAGEN's collect_entity_coordinates)."""
+        rows, cols = _coords(self.dim_room)
+        player = (rows == state.player[0]) & (cols == state.player[1])
+        t, b = state.targets, state.boxes
+        return jnp.stack([t, b & ~t, b & t, player & ~t, player & t])
+
     def dead_end(self, state: State) -> chex.Array:
         """bool []: a box off target is in a corner or against a wall it can never leave
         (deadlock.py): the level can no longer be solved."""
         return has_deadlock(state.walls, state.targets, state.boxes)
 
     def _observation(self, state: State) -> Observation:
-        return Observation(grid=self.render_symbols(state), step_count=state.step_count)
+        return Observation(grid=self._grid_symbols(state), step_count=state.step_count)
+
+
+def _random_boards(rng: np.random.Generator, count: int, *, rows: int, cols: int,
+                   num_boxes: int) -> np.ndarray:
+    """bool [count, 5, rows, cols] (`_coordinate_masks`' kinds) of random boards anywhere in
+    the room: num_boxes targets (1..num_boxes in a quarter of them), some boxes on them, the
+    player on a free target half the time it can be."""
+    out = np.zeros((count, 5, rows * cols), bool)
+    for i in range(count):
+        n = int(rng.integers(1, num_boxes + 1)) if rng.random() < 0.25 else num_boxes
+        cells = rng.permutation(rows * cols)
+        on = int(rng.integers(0, n + 1))  # boxes on targets
+        targets, boxes = cells[:n], np.concatenate([cells[:on], cells[n : 2 * n - on]])
+        player = (cells[on] if on < n and rng.random() < 0.5 else cells[2 * n - on])
+        out[i, 0, targets] = True
+        out[i, 1, boxes] = True
+        out[i, 1, targets] = False
+        out[i, 2, cells[:on]] = True
+        out[i, 3 + bool(np.isin(player, targets)), player] = True
+    return out.reshape(count, 5, rows, cols)
 
 
 def _coords(dim_room: tuple[int, int]) -> tuple[chex.Array, chex.Array]:

@@ -17,7 +17,9 @@ at most, padded with -1 (the first -1 ends the turn). By name:
     an exhaustive search in JAX over the generator's own space (combine two values at a time
     with +, the larger minus the smaller, *, or an exact division; + and - only when the env
     keeps only such instances), so every generated instance is solved; Sudoku: the solution's
-    digits in the first empty cells, up to A placements a turn.
+    digits in the first empty cells, up to A placements a turn; an env with a
+    `solver_policy(max_actions_per_turn)` method: its own (the 2x2 Rubik's cube: the first A
+    turns of an optimal plan, envs_jax.rubiks_cube.solver).
   mix: each turn independently, the solver's moves with probability `solver_share` (default
     0.5), else the random policy's: the format from the random turns, the task (from whatever
     state the random turns left) from the solver's.
@@ -82,8 +84,11 @@ def make_policy(name: str, env: Any, *, max_actions_per_turn: int, max_turns: in
         return countdown_policy(env, solve=True)
     if isinstance(env, Sudoku):
         return sudoku_solver(env, max_actions_per_turn)
+    if hasattr(env, "solver_policy"):  # an env that brings its own (the Rubik's cube)
+        return env.solver_policy(max_actions_per_turn)
     raise ValueError(f"no 'solver' policy for {type(env).__name__}; valid: 'random', or "
-                     f"'solver' for {', '.join(e.__name__ for e in _SOLVED_ENVS)}")
+                     f"'solver' for {', '.join(e.__name__ for e in _SOLVED_ENVS)} and envs "
+                     "with a solver_policy(max_actions_per_turn) method")
 
 
 def _padded(actions: jax.Array, count: jax.Array) -> jax.Array:

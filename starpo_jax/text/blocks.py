@@ -51,13 +51,16 @@ class Slot:
 
     sample(rng) -> [N] int32 ids into `symbols` (N fixed per slot). fillings: optionally every
     row the slot can hold, [K, N]; the region is then encoded by lookup (a row outside them
-    encodes as the first), its token width the most tokens any of them takes.
+    encodes as the first), its token width the most tokens any of them takes. max_bytes:
+    optionally the most UTF-8 bytes a row's text takes (a bound tighter than N x the longest
+    symbol's; the region's token width follows it; verification checks the samples keep it).
     """
 
     name: str
     symbols: tuple[str, ...]
     sample: Callable[[np.random.Generator], np.ndarray]
     fillings: np.ndarray | None = None
+    max_bytes: int | None = None
 
 
 def int_symbols(value: jax.Array) -> jax.Array:
@@ -309,6 +312,9 @@ def build_block(
             bpe_index.append(len(tables))
             tables.append(build_symbol_bpe(tokenizer, slot.symbols, left_text, right_text))
             region_bytes.append(max_tokens(slot.symbols, left_text, right_text, widths[-1]))
+            if slot.max_bytes is not None:  # the slot's own bound, when tighter
+                region_bytes[-1] = min(region_bytes[-1], slot.max_bytes + len(
+                    (left_text + right_text).encode("utf-8")))
             most.append(region_bytes[-1])
             lookups.append(None)
         else:  # the region's edges are cuts: its tokens are encode(region text), verified below
@@ -387,7 +393,10 @@ def _region_tokens(block: Block, g: int, slot_ids: np.ndarray) -> list[list[int]
     n = _verify_width(block.slot_widths[g])
     padded = np.full((slot_ids.shape[0], n), int(tables.base) - 3, np.int32)
     padded[:, : block.slot_widths[g]] = slot_ids
-    width = (n + 2) * tables.symbol_bytes.shape[1]  # >= the region's max_tokens, from shapes only
+    # >= the region's bytes: from the shapes only, or the region's own bound (a slot's max_bytes,
+    # checked on the samples) rounded up to a power of two, where that is less work
+    width = min((n + 2) * tables.symbol_bytes.shape[1],
+                1 << (max(block.region_bytes[g], 1) - 1).bit_length())
     out: list[list[int]] = []
     for chunk in range(0, len(padded), VERIFY_ROWS):
         ids, lengths = jax.device_get(
@@ -415,6 +424,12 @@ def _verify(
         }
         for row in range(count)
     ]  # every filling of a slot that lists them (up to `count`), random rows otherwise
+    for s in slots:
+        longest = max((len("".join(s.symbols[i] for i in f[s.name]).encode("utf-8"))
+                       for f in fills), default=0)
+        if s.max_bytes is not None and longest > s.max_bytes:
+            raise ValueError(f"slot {s.name!r}: a sample takes {longest} bytes, over its "
+                             f"max_bytes = {s.max_bytes}")
     regions = [
         _region_tokens(block, g, np.stack([f[s.name] for f in fills])) for g, s in enumerate(slots)
     ]

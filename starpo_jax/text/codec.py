@@ -18,8 +18,9 @@ replies generally are not, which matters only for comparing with the host, not f
 All methods take one row or any leading batch axes.
 
 `symbols` is what the env's `render_symbols` returns: an int32 [R, C] grid for a grid game
-(envs_jax.TextEnv), a {slot name: [width] int32} dict for a free-text game
-(envs_jax.base.FreeTextEnv), whose observation parts then stand where the grid would.
+(envs_jax.TextEnv), a {slot name: [width] int32} dict for an env with `observation_parts` (a
+free-text game, envs_jax.base.FreeTextEnv, or a grid game in a coordinate format), whose
+observation parts then stand where the grid would.
 """
 
 from __future__ import annotations
@@ -89,9 +90,9 @@ class Codec(flax.struct.PyTreeNode):
     closing_ids: tuple[int, ...] = flax.struct.field(pytree_node=False)
     forced_prefix_ids: tuple[int, ...] = flax.struct.field(pytree_node=False)
     template: PromptTemplate = flax.struct.field(pytree_node=False)
-    grid_shape: tuple[int, int] = flax.struct.field(pytree_node=False)  # (0, 0): free text
+    grid_shape: tuple[int, int] = flax.struct.field(pytree_node=False)  # (0, 0): slots
     newline_id: int = flax.struct.field(pytree_node=False)
-    #: Free-text envs: ((slot name, width), ...) of the observation; None for grid envs.
+    #: Envs with observation_parts: ((slot name, width), ...); None for a symbol grid.
     slot_widths: tuple[tuple[str, int], ...] | None = flax.struct.field(
         pytree_node=False, default=None
     )
@@ -243,8 +244,11 @@ def build_codec(
     if max_tokens is None:
         max_tokens = settings.announced_tokens
     template = PromptTemplate(**{**default_template(mode).__dict__, **template_overrides})
-    free = getattr(env, "observation_parts", None) is not None  # envs_jax.base.FreeTextEnv
-    if free:
+    # Slots (a FreeTextEnv, or a grid game in a coordinate format) or a symbol grid; the
+    # replies are parsed by the env's own parse_action (a FreeTextEnv) or as action words.
+    slotted = getattr(env, "observation_parts", None) is not None
+    action_parser = getattr(env, "parse_action", None)
+    if slotted:
         state = _free_parts(env)
         rows = cols = 0
         newline = -1
@@ -298,8 +302,8 @@ def build_codec(
         separator=template.action_sep,
         max_actions=max_actions_per_turn,
         max_bytes=max_reply_bytes,
-        action_parser=env.parse_action if free else None,
-        action_bytes=env.action_bytes if free else 0,
+        action_parser=action_parser,
+        action_bytes=env.action_bytes if action_parser is not None else 0,
     )
     single = None
     if single_turn:
@@ -315,7 +319,7 @@ def build_codec(
         template=template,
         grid_shape=(rows, cols),
         newline_id=newline,
-        slot_widths=tuple((s.name, s.width) for s in env.slots) if free else None,
+        slot_widths=tuple((s.name, s.width) for s in env.slots) if slotted else None,
         single_turn=single,
     )
 
@@ -324,7 +328,7 @@ _TEMPLATE_SLOTS = ("turn", "actions_left", "reward")
 
 
 def _free_parts(env: Any) -> list[str | bk.Slot]:
-    """A free-text env's observation parts as block parts (its TextSlots as Slots)."""
+    """An env's observation parts as block parts (its TextSlots as Slots)."""
     parts: list[str | bk.Slot] = []
     for part in env.observation_parts:
         if isinstance(part, str):
@@ -341,7 +345,8 @@ def _free_parts(env: Any) -> list[str | bk.Slot]:
                 f"{type(env).__name__}: slot {part.name!r} samples shape {sample.shape}; its "
                 f"width is {part.width}"
             )
-        parts.append(bk.Slot(part.name, tuple(part.symbols), part.sample))
+        parts.append(bk.Slot(part.name, tuple(part.symbols), part.sample,
+                             max_bytes=getattr(part, "max_bytes", None)))
     return parts
 
 

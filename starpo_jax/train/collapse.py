@@ -54,7 +54,7 @@ def first_turn(out: Rollout, codec: Codec, config: RolloutConfig) -> FirstTurn:
     first prompt, the forced prefix, then turn 1's reply. W = the codec's padded first-prompt
     width + the prefix, R = config.reply_tokens."""
     n, f = config.group_size, len(codec.forced_prefix_ids)
-    symbols = jnp.zeros(codec.grid_shape, jnp.int32)
+    symbols = codec.blank_symbols()  # a grid or the env's slots
     width = jax.eval_shape(codec.first_prompt, symbols, jnp.int32(0))[0].shape[-1] + f
     start = out.prompt_lengths + f  # [B]
     cols = jnp.minimum(start[:, None] + jnp.arange(config.reply_tokens), out.tokens.shape[1] - 1)
