@@ -56,6 +56,7 @@ EVAL_KEYS = (
     ("eval.pass_k", "sampled rollouts per state (pass@k)"),
     ("eval.samples", "conversations written to samples/eval_step_<N>.txt"),
     ("eval.seed", "evaluate on the held-out states of this seed's run"),
+    ("eval.batch", "rows rolled out at once (the numbers do not change)"),
 )
 
 

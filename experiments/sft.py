@@ -60,6 +60,7 @@ SFT_KEYS = (
     ("sft.data", '""', "a JSONL file of conversations to train on instead"),
     ("sft.heldout", "0.1", "the share of sft.data held out for val/sft/heldout/loss"),
     ("sft.write_demos", "0", "demonstrations written to <workdir>/demos.jsonl first"),
+    ("sft.reply_format", "answer", "the replies: answer, or world_model (SPA's blocks)"),
 )
 
 

@@ -56,6 +56,12 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 TINY_RANDOM_NAME = "tiny-random"
 # The evaluator's modes (starpo_jax.run.evaluation).
 EVAL_MODES = ("greedy", "sampled")
+# The validation protocol (RAGEN's, config/base.yaml: es_manager.val, val_kwargs, seed.val,
+# trainer.val_before_train / test_freq): VAL_STATES held-out initial states x 1 rollout each,
+# sampled at temperature 0.5, drawn from the fixed seed VAL_SEED (RAGEN's seed.val), before
+# training and every 10 steps. A table or figure of record evaluates RECORD_STATES or more
+# (RAGEN v1 validated on 256; starpo_jax.analysis.report marks fewer "not a figure of record").
+VAL_STATES, VAL_SEED, RECORD_STATES = 512, 123, 256
 # Out-of-distribution variants evaluated by default next to the training env (RAGEN's).
 OOD_VARIANTS = {"bandit": ("bandit_test",), "sokoban": ("sokoban_large", "sokoban_new_vocab"),
                 "countdown": ("countdown_5",), "sudoku": ("sudoku_medium",),
@@ -69,6 +75,13 @@ FILTER_METRICS = ("reward_variance", "reward", "reward_sum", "entropy", "entropy
 # The metrics ranked by a per-trajectory value other than the score (`select_groups`' values).
 VALUE_METRICS = ("entropy", "entropy_variance", "length")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
+# RAGEN's agent_proxy.reward_normalization (ctx_manager._normalize_score_tensor): which
+# trajectories share a normalisation, and how (starpo_jax.algo.reweighting).
+REWARD_NORM_GROUPINGS = ("state", "batch", "inductive")
+REWARD_NORM_METHODS = ("identity", "mean_std", "mean", "asym_clip")
+# RAGEN-2's gradient analysis (starpo_jax.train.gradient_analysis): how groups are bucketed by
+# their reward std.
+BUCKET_MODES = ("quantile", "fixed_rv")
 FILTER_MODES = ("std", "std_rev")
 TOP_P_WEIGHTS = ("linear", "softmax")
 CACHE_DTYPES = RUN_DTYPES
@@ -149,6 +162,13 @@ class RolloutConfig:
     # default).
     context_window_mode: str = "full"
     max_context_window: int = -1
+    # World-model replies (SPA; rollout/world_model.py): score each turn's <observation> and
+    # <prediction> blocks against the env's coordinates of the state before and after it
+    # (world_model/* metrics; think mode, an env with coordinates); prediction_reward is added
+    # to the turn's reward when its prediction is right (so it enters the score, the
+    # advantages and the filter's reward std; 0 = off).
+    world_model: bool = False
+    prediction_reward: float = 0.0
 
     def __post_init__(self) -> None:
         o = "rollout"
@@ -164,6 +184,11 @@ class RolloutConfig:
         check_choice(f"{o}.sampler_dtype", self.sampler_dtype, SAMPLER_DTYPES)
         check_int(f"{o}.chunks", self.chunks)
         check_bool(f"{o}.shared_env_randomness", self.shared_env_randomness)
+        check_bool(f"{o}.world_model", self.world_model)
+        check_number(f"{o}.prediction_reward", self.prediction_reward, -100.0, 100.0)
+        if self.prediction_reward and not self.world_model:
+            fail(f"{o}.prediction_reward", self.prediction_reward,
+                 "0 unless rollout.world_model = True (it pays the probe's right predictions)")
         check_choice(f"{o}.context_window_mode", self.context_window_mode, CONTEXT_WINDOW_MODES)
         k = self.max_context_window
         if not isinstance(k, int) or isinstance(k, bool) or k == 0 or k < -1:
@@ -228,9 +253,14 @@ class FilterConfig:
     max_groups: int | None = None
     metric: str = "reward_variance"
     loss_scaling: str = "none"
+    # The run's, not the step's (experiments/run.py; the original's
+    # rollout_filter_empty_stop_steps, on by default): save and stop after this many steps in a
+    # row whose filter kept no group (0 = never).
+    empty_stop_steps: int = 5
 
     def __post_init__(self) -> None:
         o = "filter"
+        check_int(f"{o}.empty_stop_steps", self.empty_stop_steps, low=0)
         check_choice(f"{o}.strategy", self.strategy, FILTER_STRATEGIES)
         check_choice(f"{o}.metric", self.metric, FILTER_METRICS)
         check_choice(f"{o}.loss_scaling", self.loss_scaling, LOSS_SCALINGS)
@@ -270,6 +300,15 @@ class AdvantageConfig:
 
     A field set away from its default must be a parameter of the chosen estimator
     (ESTIMATOR_PARAMS): TrainConfig refuses e.g. gamma_turn with "grpo", naming it.
+
+    RAGEN-2's switches (exact rules: starpo_jax/algo/reweighting.py), all off by default as in
+    the original: reward_normalization_grouping / _method (its agent_proxy.reward_normalization:
+    the trajectory scores normalised within "state" groups, the "batch" or the env tag's
+    trajectories, "inductive", before any estimator sees them; "identity" = off);
+    soft_advantage_reweight (GRPO only: each kept group's advantages times its score std over
+    the largest kept group's); grpo_advantage_length_weight (GRPO only: each row's advantages
+    divided by its reply-token count over the mean count); zero_task_advantage (advantages 0:
+    only the entropy bonus and the KL term train the actor; a critic still learns its returns).
     """
 
     estimator: str | None = None
@@ -282,9 +321,26 @@ class AdvantageConfig:
     step_gamma: float = 0.95  # GiGPO's turn-return discount
     step_mode: str = "mean_std"  # GiGPO's step-level normalisation
     omega: float = 1.0  # GiGPO's step-level weight
+    reward_normalization_grouping: str = "state"
+    reward_normalization_method: str = "identity"
+    soft_advantage_reweight: bool = False
+    grpo_advantage_length_weight: bool = False
+    zero_task_advantage: bool = False
 
     def __post_init__(self) -> None:
         o = "advantage"
+        check_choice(f"{o}.reward_normalization_grouping", self.reward_normalization_grouping,
+                     REWARD_NORM_GROUPINGS)
+        check_choice(f"{o}.reward_normalization_method", self.reward_normalization_method,
+                     REWARD_NORM_METHODS)
+        for name in ("soft_advantage_reweight", "grpo_advantage_length_weight",
+                     "zero_task_advantage"):
+            check_bool(f"{o}.{name}", getattr(self, name))
+        if self.reward_normalization_method != "identity" and self.reward_placement == "turn":
+            # The original asserts use_turn_scores == False: it normalises trajectory scores.
+            fail(f"{o}.reward_normalization_method", self.reward_normalization_method,
+                 "'identity' with advantage.reward_placement = 'turn' (the original normalises "
+                 "trajectory scores only)")
         if self.estimator is not None:
             check_choice(f"{o}.estimator", self.estimator, estimator_names())
         for name in ("gamma", "lam", "gamma_turn", "step_gamma"):
@@ -471,6 +527,10 @@ class TrainConfig:
             fail("collapse.every", self.collapse.every,
                   f"0 (off): the metrics compare prompts and rollout.groups = "
                   f"{self.rollout.groups} gives one")
+        for name in ("soft_advantage_reweight", "grpo_advantage_length_weight"):
+            if getattr(self.advantage, name) and self.estimator != "grpo":
+                fail(f"advantage.{name}", True, f"False with estimator {self.estimator!r}: the "
+                     "original applies it to GRPO's advantages only (estimator 'grpo')")
         if self.filter.strategy == "top_k_abs" and self.filter.keep_groups > self.rollout.groups:
             fail("filter.keep_groups", self.filter.keep_groups,
                   f"an int in [1, rollout.groups = {self.rollout.groups}]")
@@ -544,8 +604,10 @@ class TrainConfig:
     def vanilla(self) -> TrainConfig:
         """This config turned into vanilla StarPO: KL 0.001, symmetric clip 0.2, no filter
         (whatever the filter's strategy: every group kept, zero-std ones too): VANILLA_LOSS,
-        and the filter section replaced by FilterConfig(**VANILLA_FILTER)."""
-        return dataclasses.replace(self, filter=FilterConfig(**VANILLA_FILTER),
+        and the filter section replaced by FilterConfig(**VANILLA_FILTER) (its empty_stop_steps,
+        the run's, kept)."""
+        kept = {"empty_stop_steps": self.filter.empty_stop_steps}
+        return dataclasses.replace(self, filter=FilterConfig(**VANILLA_FILTER, **kept),
                                    loss=dataclasses.replace(self.loss, **VANILLA_LOSS))
 
 
@@ -553,6 +615,7 @@ class TrainConfig:
 # that sets any of these keys, or any other key of the filter section, to another value).
 VANILLA_LOSS = {"kl_coef": 0.001, "clip_low": 0.2, "clip_high": 0.2}
 VANILLA_FILTER = {"keep_ratio": 1.0}  # the whole section: every other field at its default
+# (but empty_stop_steps, the run's: TrainConfig.vanilla keeps it)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -560,14 +623,20 @@ class EvalConfig:
     """What an evaluation runs: envs x modes, `episodes` held-out initial states each."""
 
     envs: tuple[str, ...]
-    modes: tuple[str, ...] = EVAL_MODES
-    episodes: int = 8  # held-out initial states per env (CPU-sized; RAGEN validates on 256)
-    pass_k: int = 4  # sampled mode: rollouts per initial state
+    # The protocol's sampled mode first (RAGEN's numbers), then greedy (deterministic).
+    modes: tuple[str, ...] = ("sampled", "greedy")
+    episodes: int = VAL_STATES  # held-out initial states per env (RAGEN's es_manager.val)
+    pass_k: int = 1  # sampled mode: rollouts per initial state (RAGEN's val group_size)
     temperature: float = 0.5  # sampled mode (RAGEN's validation temperature)
     samples: int = 4  # conversations per (env, mode) in samples_text
     # The held-out states (and sampling noise) of the run with this seed; None = the run's own.
-    # Runs of several seeds given one eval seed meet the same states: paired comparisons.
-    seed: int | None = None
+    # The fixed default gives every run and every training seed the same states: paired
+    # comparisons across runs, seeds and resumes.
+    seed: int | None = VAL_SEED
+    # Rows (states x rollouts) rolled out at once; None = the training rollout's rows per chunk
+    # (rollout.groups x group_size / chunks: what the memory check sized). Results do not depend
+    # on it (starpo_jax.run.evaluation: per-state reset keys, per-row sampling keys).
+    batch: int | None = None
 
     def __post_init__(self) -> None:
         require("eval.envs", self.envs, bool(self.envs) and all(
@@ -580,6 +649,8 @@ class EvalConfig:
             check_int(f"eval.{name}", getattr(self, name), low)
         require("eval.seed", self.seed, self.seed is None or is_int(self.seed, 0),
                 "None (the run's seed) or an int >= 0")
+        require("eval.batch", self.batch, self.batch is None or is_int(self.batch, 1),
+                "None (the training rollout's rows per chunk) or an int >= 1")
         t = self.temperature
         require("eval.temperature", t, is_number(t) and 0 < t <= 100,
                 "a number in (0, 100] (the greedy mode takes the argmax)")
@@ -619,3 +690,27 @@ class MonitorConfig:
         check_number(f"{o}.smoothing", self.smoothing, 0.0, 1.0, high_open=True)
         check_int(f"{o}.no_valid_steps", self.no_valid_steps, low=0)
         check_choice(f"{o}.action", self.action, ACTIONS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GradientAnalysisConfig:
+    """The `gradient_analysis` section of an experiment config (a run-level setting, not a
+    TrainConfig: the train step is the same program with it on or off).
+
+    RAGEN-2's gradient analysis (starpo_jax.train.gradient_analysis): every `every` steps (0 =
+    off, the original's gradient_analysis_mode False; it analyses every 50 when on), before the
+    step's update, the policy-gradient norms of the step's kept rows, bucketed by their group's
+    reward std: "quantile" (the kept groups by ascending std into min(num_buckets, groups)
+    buckets of equal size, the remainder in the last) or "fixed_rv" (std in [0, 1), [1, 2), ...,
+    [5, inf): six buckets, num_buckets not read), plus the bucket "all".
+    """
+
+    every: int = 0
+    num_buckets: int = 6
+    bucket_mode: str = "quantile"
+
+    def __post_init__(self) -> None:
+        o = "gradient_analysis"
+        check_int(f"{o}.every", self.every, low=0)
+        check_int(f"{o}.num_buckets", self.num_buckets)
+        check_choice(f"{o}.bucket_mode", self.bucket_mode, BUCKET_MODES)

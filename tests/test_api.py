@@ -163,8 +163,11 @@ def test_shipped_config_files_are_the_papers_setting(env, algo):
             o.max_grad_norm) == (1e-6, 1e-5, 32, 1, 1, 1.0)
     assert train.estimator == ("gae" if algo == "ppo" else "grpo")
     assert (train.advantage.gamma, train.advantage.lam) == (1.0, 1.0)
-    assert (config.steps, config.eval_every, config.eval.episodes, config.eval.modes,
-            config.eval.pass_k, config.eval.temperature) == (200, 10, 256, "sampled", 1, 0.5)
+    # RAGEN's validation protocol (base.yaml): 512 states of seed.val 123, sampled at 0.5, one
+    # rollout each, before training and every 10 steps; greedy second.
+    assert (config.steps, config.eval_every, config.val_before_train, config.eval.episodes,
+            config.eval.seed, config.eval.modes, config.eval.pass_k, config.eval.temperature) == (
+        200, 10, True, 512, 123, "sampled,greedy", 1, 0.5)
 
 
 def test_readme_main_command_names_a_valid_config():

@@ -377,7 +377,9 @@ def test_scripts_check_the_config_before_the_heavy_imports(tmp_path, script, arg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "nothing is written"
 
 
-WARM_STARTS = {"sokoban_cpu.py": "sokoban_sft.py", "frozen_lake_cpu.py": "frozen_lake_sft.py"}
+WARM_STARTS = {"sokoban_cpu.py": "sokoban_sft.py", "frozen_lake_cpu.py": "frozen_lake_sft.py",
+               "coord_sokoban_cpu.py": "coord_sokoban_sft.py",
+               "coord_frozen_lake_cpu.py": "coord_frozen_lake_sft.py"}
 
 
 @pytest.mark.parametrize("name", sorted(WARM_STARTS))

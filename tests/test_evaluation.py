@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 EPISODES, K = 3, 2
 NAMES = ("success", "reward", "num_turns", "num_actions", "action_is_valid", "response_length",
-         *(f"failure/{kind}" for kind in FAILURE_KINDS))
+         "states", *(f"failure/{kind}" for kind in FAILURE_KINDS))
 
 
 def _with_eval(exp: api.Experiment, **eval_keys) -> api.Experiment:
@@ -135,7 +135,8 @@ def _reference_metrics(out: Rollout, k: int) -> dict[str, float]:
            "reward": sum(o.turn_rewards.sum(1)) / o.success.size,
            "num_turns": sum(o.turn_taken.sum(1)) / o.success.size,
            "num_actions": sum(o.num_actions) / o.success.size,
-           "action_is_valid": per_turn(o.format_ok), "response_length": per_turn(o.reply_lengths)}
+           "action_is_valid": per_turn(o.format_ok), "response_length": per_turn(o.reply_lengths),
+           "states": o.success.size // k}
     if k > 1:
         ref[f"pass@{k}"] = sum(any(g) for g in groups) / len(groups)
     kinds = reference_failure(o.success, o.dead_end, o.looped, o.format_ok, o.turn_taken,
@@ -199,6 +200,8 @@ def test_format_conversation_shows_prompt_replies_and_outcome(modes, env, arm):
     ("eval.pass_k", -1, "eval.pass_k = -1 is invalid; valid: an int >= 1"),
     ("eval.temperature", 0.0, "eval.temperature = 0.0 is invalid"),
     ("eval.seed", -1, "eval.seed = -1 is invalid; valid: None (the run's seed) or an int >= 0"),
+    ("eval.batch", 0, "eval.batch = 0 is invalid; valid: None (the training rollout's rows per "
+                      "chunk) or an int >= 1"),
     ("eval_every", -1, "config.eval_every = -1 is invalid; valid: an int >= 0 (0 = never)"),
     ("sample_every", -2, "config.sample_every = -2 is invalid; valid: an int >= 0"),
 ])
@@ -211,9 +214,12 @@ def test_bad_eval_config_is_rejected_naming_the_key(key, value, expected):
 
 
 def test_eval_seed_gives_every_seed_that_seeds_heldout_states():
+    """eval.seed = None: the run's own held-out states; a seed: that seed's run's (the default,
+    the fixed val seed, is tests/test_validation_protocol.py's)."""
     exp = tiny_experiment()
-    own = api.build_evaluator(_with_eval(exp, episodes=EPISODES))
+    own = api.build_evaluator(_with_eval(exp, episodes=EPISODES, seed=None))
     other = reproduce_for_seed(exp, 1)
+    other.config.eval.seed = None
     assert not np.array_equal(api.build_evaluator(other).reset_keys, own.reset_keys)
     fixed = api.build_evaluator(_with_eval(other, episodes=EPISODES, seed=exp.config.seed))
     np.testing.assert_array_equal(fixed.reset_keys, own.reset_keys)
@@ -267,10 +273,10 @@ def test_run_evaluates_every_k_steps_and_at_the_end_and_writes_samples(tmp_path)
     _trained_workdir(tmp_path, 3, eval_every=2, sample_every=1)
     rows = _jsonl(tmp_path)
     evaluated = [r["step"] for r in rows if "val/bandit/greedy/success" in r]
-    assert evaluated == [2, 3], "every eval_every steps and after the last"
+    assert evaluated == [0, 2, 3], "before training, every eval_every steps and after the last"
     assert all("timing/eval_seconds" in r for r in rows if r["step"] in evaluated)
     assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == [
-        f"step_{s:06d}.txt" for s in (1, 2, 3)]
+        f"step_{s:06d}.txt" for s in (0, 1, 2, 3)]
     text = (tmp_path / "samples" / "step_000001.txt").read_text()
     assert text.startswith("##### bandit / greedy") and text.count("=== row ") == 1
 

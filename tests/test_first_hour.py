@@ -174,8 +174,9 @@ def test_a_host_env_of_the_users_own_module_trains_by_name(tmp_path, config_file
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "guess" / "metrics.jsonl").read_text()
             .splitlines()]
-    assert [r["step"] for r in rows] == [1]
-    assert "val/guess/greedy/success" in rows[0] and "train/success" in rows[0]
+    assert [r["step"] for r in rows] == [0, 1]  # step 0: the evaluation before training
+    assert "val/guess/greedy/success" in rows[0] and "train/success" not in rows[0]
+    assert "val/guess/greedy/success" in rows[1] and "train/success" in rows[1]
 
 
 def test_cost_lines_point_at_the_cpu_config_of_the_game():
@@ -203,6 +204,16 @@ def test_cost_lines_point_at_the_cpu_config_of_the_game():
     far = runner.cost_lines(4e4, 200, "countdown", rate=REFERENCE)[1]
     assert "configs/quickstart.py is a run sized for a CPU (python experiments/run.py --config " \
         "quickstart.py --workdir runs/quickstart)" in far
+    # A run on the CPU path already (an SFT run, or one naming that warm start) is not pointed
+    # back at it.
+    from starpo_jax.run.cli import load_config
+
+    for own in ("coord_sokoban_sft.py", "coord_sokoban_cpu.py"):
+        lines = runner.cost_lines(2046.0, 200, "coord_sokoban", rate=REFERENCE,
+                                  config=load_config(own))
+        assert len(lines) == 1, own
+    assert len(runner.cost_lines(2046.0, 200, "coord_sokoban", rate=REFERENCE,
+                                 config=load_config("coord_sokoban_ppo.py"))) == 2
 
 
 def _spin(seconds: float):

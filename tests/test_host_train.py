@@ -57,6 +57,10 @@ def test_host_env_trains_in_run_and_resumes_exactly(tmp_path):
     assert _train(stopped, 2, resume=True) == 2
     rows = _metrics(straight)
     resumed = _metrics(stopped)
+    # Both evaluated their initial weights first (val_before_train: step 0), alike.
+    assert rows[0] == resumed[0] and rows[0]["step"] == 0
+    assert "val/rg_chain_sum/sampled/success" in rows[0]
+    rows, resumed = rows[1:], resumed[1:]
     # The stopped run also evaluated after its last step, 1: the rest of step 1 is the same.
     assert "val/rg_chain_sum/greedy/success" in resumed[0]
     assert {k: v for k, v in resumed[0].items() if not k.startswith("val/")} == rows[0]

@@ -155,7 +155,8 @@ def test_analyse_a_run(tmp_path):
     # The tiny model never answers in format: a notice at step 1, the alert at step 2.
     assert [(a["step"], a["kind"]) for a in result["alerts"]
             if a["kind"] == "no_valid_reply"] == [(1, "no_valid_reply"), (2, "no_valid_reply")]
-    assert result["sample_files"] == ["step_000003.txt", "step_000006.txt"]
+    # step 0: the evaluation before training (val_before_train) writes its samples too
+    assert result["sample_files"] == ["step_000000.txt", "step_000003.txt", "step_000006.txt"]
     assert result["checkpoint_step"] == 6
     assert result["eval"] and result["eval"] == result["logged_eval"]
     assert result["samples_match_run"]

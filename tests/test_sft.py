@@ -86,7 +86,7 @@ def test_demonstration_is_the_rollout_of_the_same_replies():
             row = host.tokens[b][host.turn_ids[b] == k]
             replies[b, k, : len(row)] = row
 
-    def replay(states, turn, _key):
+    def replay(states, turn, _key, _taken):
         return jnp.asarray(replies)[:, turn], jnp.asarray(host.reply_lengths)[:, turn]
 
     demo = jax.jit(lambda: rollout(None, None, env, codec, config, key, replies=replay, **ids))()
@@ -474,12 +474,14 @@ def test_sft_command_writes_a_workdir_and_resumes(tmp_path):
     assert "val/frozen_lake/greedy/action_is_valid" in json.loads(
         (work / "before.json").read_text())
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    assert "sft/loss" in rows[0] and "val/sft/heldout/loss" in rows[1]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: before.json's, logged
+    assert {k: v for k, v in rows[0].items() if k != "step"} == json.loads(
+        (work / "before.json").read_text())
+    assert "sft/loss" in rows[1] and "val/sft/heldout/loss" in rows[2]
     done = _sft_cli(*tiny, "--config.steps=3", "--config.sft.write_demos=3", "--resume")
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
     step, metrics = runner.evaluate_workdir(work, None, {"eval.episodes": 2})
     assert step == 3 and "val/frozen_lake/greedy/action_is_valid" in metrics
 

@@ -5,9 +5,11 @@ the game of sokoban_ppo.py / sokoban_grpo.py (the paper's setting: hours per ste
 
 StarPO-S with GRPO, NoThink replies of at most 16 tokens, 4 groups x 8 rollouts, the env's own
 5 turns and action budgets, the quickstart's actor learning rate, 20 steps; at the end 8
-held-out states (and the game's out-of-distribution variants) are evaluated, greedy. One
-checkpoint is kept. The untrained SmolLM2-135M does not answer this game in format (every
-group's reward std is 0: nothing to learn), so RL starts from an SFT warm start that teaches it
+held-out states of the run's own seed (and the game's out-of-distribution variants) are
+evaluated, greedy: a CPU-sized evaluation, not the validation protocol of record (512 states
+of a fixed seed, sampled; docs/evaluation-and-monitoring.md). One checkpoint is kept. The
+untrained SmolLM2-135M does not answer this game in format (every group's reward std is 0:
+nothing to learn), so RL starts from an SFT warm start that teaches it
 (model.require_init_from: without --config.model.init_from the run is refused at once, with
 these commands; --config.model.require_init_from= runs from the untrained model anyway):
 
@@ -29,7 +31,11 @@ def get_config():
     c.steps = 20
     c.optim.actor_lr = QUICK_LR
     c.eval_every = c.steps  # once, after the last step
-    c.eval.modes = "greedy"
+    # A CPU-sized evaluation, not the protocol of record (the defaults, schema.paper_eval: 512
+    # states of the fixed val seed, sampled then greedy, also before step 1): 8 held-out states of
+    # the run's own seed, greedy, after the last step only.
+    c.eval.update(episodes=8, modes="greedy", seed=None)
+    c.val_before_train = False
     c.sample_every = c.checkpoint_every = 10
     c.keep_checkpoints = 1
     c.model.require_init_from = "sokoban_sft.py"  # refused without model.init_from

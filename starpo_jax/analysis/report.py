@@ -15,6 +15,11 @@ Statistics over seeds are the mean and the population std (numpy's default, as
 starpo_jax.analysis.sweep). The Echo-Trap step of a curve is the first step after its peak at which
 it is below half that peak (`half_peak_step`); the paper's collapse signature is reward std and
 entropy falling while the mean reward holds.
+
+Figures of record: an evaluation of fewer than RECORD_STATES (256) held-out initial states
+(val/<env>/<mode>/states, logged with every evaluation) is marked "not a figure of record" in
+the held-out tables and figures, as is one whose number of states was not logged (the protocol,
+starpo_jax.run.evaluation, evaluates 512).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from starpo_jax.algo.failures import FAILURE_KINDS
+from starpo_jax.analysis.gradient_figure import gradient_figure
+from starpo_jax.config import RECORD_STATES, VAL_STATES
 from starpo_jax.run.writers import format_duration
 
 Row = Mapping[str, float]
@@ -215,6 +222,31 @@ def _before_after(runs: Mapping[int, Sequence[Row]], name: str,
     return stat[0], stat[1]
 
 
+def heldout_states(exp: ExperimentResult, env: str, mode: str) -> int | None:
+    """The fewest held-out initial states any evaluation of `env` in `mode` averaged over
+    (val/<env>/<mode>/states); None when one did not log it (a run before it was logged)."""
+    name, found = f"val/{env}/{mode}/states", []
+    for runs in exp.runs.values():
+        for rows in runs.values():
+            for metrics in evaluations(rows).values():
+                if f"val/{env}/{mode}/success" in metrics:
+                    found.append(metrics.get(name))
+    return None if not found or None in found else int(min(found))
+
+
+def record_note(exp: ExperimentResult, pairs: Sequence[tuple[str, str]]) -> str:
+    """"" when every evaluation of the (env, mode) `pairs` is of record (RECORD_STATES held-out
+    states or more), else a line saying it is not a figure of record, and why."""
+    counts = {pair: heldout_states(exp, *pair) for pair in pairs}
+    low = {p: n for p, n in counts.items() if n is None or n < RECORD_STATES}
+    if not low:
+        return ""
+    shown = ", ".join(f"{env} {mode}: {'not logged' if n is None else n}"
+                      for (env, mode), n in low.items())
+    return (f"**Not a figure of record**: held-out initial states {shown} (a figure of record "
+            f"evaluates {RECORD_STATES} or more; the protocol {VAL_STATES}).\n\n")
+
+
 def table4(exp: ExperimentResult, mode: str = "greedy") -> str:
     """Markdown in the layout of RAGEN's Table 4: a row per setting, per evaluated env (the
     training env and its out-of-distribution variants) success and valid-action rate before
@@ -226,7 +258,8 @@ def table4(exp: ExperimentResult, mode: str = "greedy") -> str:
     if not envs:
         return f"(no {mode} evaluations logged)\n"
     head = " | ".join(f"{env} success | {env} valid actions" for env in envs)
-    lines = [f"| setting ({mode}, before -> after) | {head} |",
+    note = record_note(exp, [(env, mode) for env in envs])
+    lines = [f"{note}| setting ({mode}, before -> after) | {head} |",
              "|---|" + "---|---|" * len(envs)]
     for label, metrics in exp.references.items():
         cells = [f"{metrics[name]:.2f}" if name in metrics else "-" for env in envs
@@ -261,7 +294,8 @@ def heldout_steps_table(exp: ExperimentResult, env: str, mode: str = "greedy") -
         seeds = f" ({', '.join(f'{v:.2f}' for v in found)})" if len(found) > 1 else ""
         return fmt(mean_std(found), 2) + seeds if found else "-"
 
-    lines = [f"| {env} {mode} success at step | " + " | ".join(map(str, steps))
+    lines = [f"{record_note(exp, [(env, mode)])}| {env} {mode} success at step | "
+             + " | ".join(map(str, steps))
              + " | gain (last - step 0) |", "|---|" + "---|" * (len(steps) + 1)]
     for setting, evals in per_setting.items():
         cells = [cell([e[t][name] for e in evals if name in e.get(t, {})]) for t in steps]
@@ -302,8 +336,14 @@ def curve_figure(exp: ExperimentResult, metric: str) -> Any | None:
         (line,) = axes.plot(steps, values.mean(axis=0), marker=".", label=exp.label(setting))
         axes.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(),
                           alpha=0.2, linewidth=0)
+    match = _VAL.match(metric)
+    low = ""
+    if match:
+        states = heldout_states(exp, match.group(1), match.group(2))
+        if states is None or states < RECORD_STATES:
+            low = f"\nnot a figure of record: {states or 'unlogged'} held-out states"
     axes.set(xlabel="step", ylabel=metric, title=f"{exp.title}: {metric} (mean, min-max band "
-             f"over seeds {','.join(map(str, exp.seeds))})")
+             f"over seeds {','.join(map(str, exp.seeds))}){low}")
     axes.title.set_fontsize("small")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
@@ -353,7 +393,8 @@ def failure_figure(exp: ExperimentResult, prefix: str) -> Any | None:
 def figures(exp: ExperimentResult) -> dict[str, Any]:
     """file name -> Figure of every figure the experiment's runs have data for: the CURVES
     (think_length only when some run thought), held-out success over the evaluated steps and
-    val/ failure fractions per evaluated (env, mode), and train/ failure fractions."""
+    val/ failure fractions per evaluated (env, mode), train/ failure fractions, and the
+    gradient analysis' norms per reward-std bucket (analysis/gradient_figure.py)."""
     out = {}
     for metric in CURVES:
         if metric == "rollout/think_length" and not any(
@@ -374,6 +415,9 @@ def figures(exp: ExperimentResult) -> dict[str, Any]:
         figure = failure_figure(exp, prefix)
         if figure is not None:
             out[f"{exp.name}_failures_{tag}.png"] = figure
+    figure = gradient_figure(exp)  # RAGEN-2's gradient analysis, when a run logged it
+    if figure is not None:
+        out[f"{exp.name}_gradient_analysis.png"] = figure
     return out
 
 

@@ -48,10 +48,13 @@ class Setting:
     final_eval: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def config(self, seed: int = 0) -> ConfigDict:
+        base = self.base()
+        # The suite evaluates step 0 itself (eval_before: reproduce.BEFORE), not the run loop.
+        base.val_before_train = False
         if self.sft:
-            return sweep_lib.setting_config(self.base(), self.overrides, seed,
+            return sweep_lib.setting_config(base, self.overrides, seed,
                                             check=sft_lib.split_config)
-        return sweep_lib.setting_config(self.base(), self.overrides, seed)
+        return sweep_lib.setting_config(base, self.overrides, seed)
 
     def final_config(self, config: ConfigDict) -> ConfigDict | None:
         """`config` with the final evaluation's eval keys (None when there is none)."""
@@ -339,8 +342,9 @@ def cpu_suite() -> Suite:
 
 def paper_suite() -> Suite:
     """The paper's settings, nothing scaled down (the shipped config files: 8 x 16 rollouts,
-    thinking replies of up to 400 tokens, lr 1e-6, 200 steps, 256 held-out states every 10
-    steps). For GPUs: no time estimate."""
+    thinking replies of up to 400 tokens, lr 1e-6, 200 steps, the validation protocol: 512
+    held-out states of the fixed val seed every 10 steps, sampled, then greedy; step 0 is the
+    suite's eval_before). For GPUs: no time estimate."""
     none = dict.fromkeys(STEP_SECONDS)
     echo, starpo_s = _echo_trap(_paper("bandit_grpo"), (0, 1, 2), none, "paper_bandit")
     grid = tuple(Setting(f"paper_{env}_{algo}", f"{env} StarPO-S {algo.upper()}",

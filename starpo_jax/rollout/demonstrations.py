@@ -37,6 +37,7 @@ import numpy as np
 
 from envs_host.pool import EnvPool
 from starpo_jax.config import RolloutConfig
+from starpo_jax.rollout import world_model as wm
 from starpo_jax.rollout.host import host_rollout
 from starpo_jax.rollout.host_text import HostText
 from starpo_jax.rollout.policies import Policy, answer_bytes, answer_samples, answer_symbols
@@ -174,11 +175,18 @@ def demonstrate(env: Any, codec: Codec, config: RolloutConfig, policy: Policy,
                 encoder: ReplyEncoder, key: jax.Array, *, eos_id: int, pad_id: int,
                 reset_key: jax.Array | None = None) -> Rollout:
     """B = groups * group_size demonstrations: `rollout.rollout` with each row's replies from
-    `policy(env_state, key)` (a fresh key per row and turn), encoded by `encoder`; jit-able.
+    `policy(env_state, key)` (a fresh key per row and turn), encoded by `encoder` (a
+    world_model.WorldModelEncoder: SPA's world-model replies); jit-able.
     key / reset_key as in `rollout.rollout` (reset_key fixes the initial states)."""
     b = config.groups * config.group_size
+    if isinstance(encoder, wm.WorldModelEncoder):
+        replies = wm.world_model_replies(env, policy, encoder,
+                                         max_actions_per_traj=config.max_actions_per_traj,
+                                         width=config.reply_tokens)
+        return rollout(None, None, env, codec, config, key, eos_id=eos_id, pad_id=pad_id,
+                       reset_key=reset_key, replies=replies)
 
-    def replies(states: Any, turn: jax.Array, turn_key: jax.Array):
+    def replies(states: Any, turn: jax.Array, turn_key: jax.Array, taken: jax.Array):
         actions = jax.vmap(policy)(states, jax.random.split(turn_key, b))
         return jax.vmap(encoder.encode)(actions)
 

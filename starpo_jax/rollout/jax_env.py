@@ -50,7 +50,9 @@ from starpo_jax.config import RolloutConfig
 from starpo_jax.algo.failures import LoopHistory, classify
 from starpo_jax.models.cache import KVCache
 from starpo_jax.phases import PhaseClock, mark
-from starpo_jax.rollout.sampling import GenerateOutput, SamplingOptions, generate_pure
+from starpo_jax.rollout import world_model as wm
+from starpo_jax.rollout.sampling import (GenerateOutput, SamplingOptions, fold_in,
+                                         generate_pure, row_keys)
 from starpo_jax.models.sharding import constrain_batch, merge_rows
 from starpo_jax.text.codec import Codec
 from starpo_jax.text.parse import stop_strings
@@ -90,6 +92,10 @@ class Rollout(flax.struct.PyTreeNode):
     # not taken. None: the rows are whole conversations.
     turn_lengths: jax.Array | None = None
     window_lengths: jax.Array | None = None
+    # rollout.world_model (world_model.py): [B, T] bool, the turn's reply read the state it
+    # started from (<observation>) / foresaw the state it led to (<prediction>); None: off.
+    observation_ok: jax.Array | None = None
+    prediction_ok: jax.Array | None = None
 
     @property
     def failure(self) -> jax.Array:
@@ -255,14 +261,16 @@ def group_states(states: Any, n: int, *, shared_randomness: bool = False) -> Any
 
 
 #: A demonstration's replies: (env states [B], turn [] int32, key) -> (tokens [B, W] int32,
-#: lengths [B] int32), the tokens after the forced prefix, W <= rollout.reply_tokens.
-ReplySource = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+#: lengths [B] int32), the tokens after the forced prefix, W <= rollout.reply_tokens. In the
+#: JAX rollout a source takes a fourth argument, taken [B] int32: each row's actions so far.
+ReplySource = Callable[..., tuple[jax.Array, jax.Array]]
 
 
 def supplied_replies(replies: ReplySource, states: Any, turn: jax.Array, key: jax.Array,
-                     width: int, pad_id: int) -> GenerateOutput:
+                     width: int, pad_id: int, taken: jax.Array | None = None) -> GenerateOutput:
     """A turn's supplied replies in the sampler's output shape ([B, width], no log-probs)."""
-    tokens, lengths = replies(states, turn, key)
+    tokens, lengths = (replies(states, turn, key) if taken is None
+                       else replies(states, turn, key, taken))
     if tokens.shape[1] > width:
         raise ValueError(f"demonstration replies take {tokens.shape[1]} tokens; "
                          f"rollout.reply_tokens = {width} is too small for them")
@@ -343,11 +351,14 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     graphdef, params = nnx.split(policy model); env: a TextEnv; codec: built for this env and the
     model's tokenizer with the same max_actions_per_turn and mode; key: PRNG key, split into the
     initial-state and sampling keys unless `reset_key` draws the initial states (then `key` only
-    drives sampling: evaluation keeps its held-out states fixed). greedy: argmax decoding.
+    drives sampling: evaluation keeps its held-out states fixed). reset_key may also be one
+    key per group ([P, 2]: group p starts from env.reset(reset_key[p])) and `key` one per row
+    ([B, 2], sampling.row_keys; with reset_key given): then each row's trajectory depends on its
+    own keys alone, not on the batch it is in (the evaluator's chunks). greedy: argmax decoding.
     mesh: the rows (tokens, KV cache, env states, the sampler's state) are split over its data
     axes, each device rolling out its share (sharding.constrain_batch).
     replies: a demonstration (starpo_jax.rollout.demonstrations): each turn's reply tokens come from
-    `replies(states, turn, key)` instead of the sampler, and everything else is as sampled
+    `replies(states, turn, key, taken)` instead of the sampler, and everything else is as sampled
     (graphdef and params may then be None: no model runs; behaviour log-probs and entropy 0).
     """
     model = None if replies is not None else nnx.merge(graphdef, params)
@@ -362,6 +373,9 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     width = sample_width(codec, config) if windowed else length  # of the returned rows' turns
     window = width - len(codec.forced_prefix_ids) - config.reply_tokens
     prefix = jnp.asarray(codec.forced_prefix_ids, jnp.int32)
+    if config.world_model:
+        wm.require_world_model_env(env, codec.template.think)
+        wm_tables = wm.coordinate_bytes(env)
     options = SamplingOptions(max_new_tokens=config.reply_tokens, temperature=config.temperature,
                               top_p=config.top_p, top_k=config.top_k, greedy=greedy,
                               stop=stop_strings(), eos_ids=(eos_id,), pad_id=pad_id)
@@ -372,7 +386,12 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         sample_key = key
 
     # Turn 1's prompt is the same for the N rows of a group: prefill it once per group.
-    states, _ = jax.vmap(env.reset)(jax.random.split(reset_key, p))
+    if row_keys(sample_key) and replies is not None:
+        raise ValueError("a demonstration (replies=) takes one sampling key, not one per row")
+    reset_keys = reset_key if row_keys(reset_key) else jax.random.split(reset_key, p)
+    if reset_keys.shape[0] != p:
+        raise ValueError(f"{reset_keys.shape[0]} reset keys for {p} groups")
+    states, _ = jax.vmap(env.reset)(reset_keys)
     symbols = jax.vmap(env.render_symbols)(states)
     first_ids, first_n = codec.first_prompt(symbols, jnp.full((p,), config.max_actions_per_traj))
     cache = None
@@ -420,7 +439,7 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
     def turn(carry, k):
         (cache, buf, mask, tids, blogp, bent, filled, states, active, taken, success,
          effective, history, win) = carry
-        turn_key = jax.random.fold_in(sample_key, k)
+        turn_key = fold_in(sample_key, k)
         f = prefix.shape[0]
         if windowed:
             win, window_ids, window_n, cache = context(win, k, states, taken, filled, buf)
@@ -429,7 +448,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                                 jnp.full((b,), prefix.shape[0], jnp.int32), turn_key, cache,
                                 token_bytes, options, active)
         else:
-            gen = supplied_replies(replies, states, k, turn_key, config.reply_tokens, pad_id)
+            gen = supplied_replies(replies, states, k, turn_key, config.reply_tokens, pad_id,
+                                   taken)
         cache = None if windowed else gen.cache
         kept = jnp.where(active, gen.lengths, 0)
         buf = _write(buf, filled, jnp.broadcast_to(prefix, (b, f)), jnp.where(active, f, 0))
@@ -458,9 +478,16 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         reply = jnp.concatenate([jnp.broadcast_to(prefix, (b, f)), gen.tokens], axis=1)
         parsed = codec.parse_reply(reply, f + gen.lengths)
         start_observation = jax.vmap(lambda s: observation_ids(env, s))(states)  # GiGPO
+        before = states
         states, reward, ended, won, steps, eff, history = _env_steps(
             env, states, parsed.actions, jnp.where(active, parsed.num_actions, 0), taken,
             config.max_actions_per_traj, history)
+        if config.world_model:  # SPA's <observation> / <prediction> blocks (world_model.py)
+            seen, foreseen = jax.vmap(wm.probe, in_axes=(None, None, 0, 0, 0, 0))(
+                codec.parser, wm_tables, reply, f + gen.lengths,
+                jax.vmap(env.render_coordinates)(before), jax.vmap(env.render_coordinates)(states))
+            seen, foreseen = seen & active, foreseen & active
+            reward = reward + jnp.where(foreseen, config.prediction_reward, 0.0)
         taken = taken + steps
         success = jnp.where(steps > 0, won, success)
         effective = effective + eff
@@ -468,6 +495,8 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
         outputs = dict(reward=reward, penalty=penalty, taken=active, anchor=start_observation,
                        format_ok=parsed.format_ok & active,
                        think=jnp.where(active, parsed.think_tokens, 0), reply=kept)
+        if config.world_model:
+            outputs.update(observation_ok=seen, prediction_ok=foreseen)
         if windowed:
             outputs.update(window=jnp.where(active, window_n, 0),
                            sample=jnp.where(active, window_n + f + kept, 0))
@@ -537,7 +566,9 @@ def rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,
                    think_tokens=per_turn["think"], reply_lengths=per_turn["reply"],
                    success=success, num_actions=taken, effective_actions=effective,
                    dead_end=jax.vmap(env.dead_end)(states) & ~success, looped=history.looped,
-                   turn_anchors=anchor_ids(observations, per_turn["taken"], n))
+                   turn_anchors=anchor_ids(observations, per_turn["taken"], n),
+                   observation_ok=per_turn.get("observation_ok"),
+                   prediction_ok=per_turn.get("prediction_ok"))
 
 
 def chunked_rollout(graphdef: nnx.GraphDef, params: nnx.State, env: Any, codec: Codec,

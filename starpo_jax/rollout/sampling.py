@@ -16,7 +16,9 @@ Semantics:
 - Log-probs: `logprobs` = log_softmax(logits / temperature) at the sampled token, before top-k /
   top-p truncation, and `entropy` = that distribution's entropy: the policy the trainer scores
   (it divides its logits by the same temperature, veRL's convention). Both are 0 at padding.
-- Randomness: step i draws from fold_in(key, i), so the same key gives the same tokens.
+- Randomness: step i draws from fold_in(key, i), so the same key gives the same tokens. A key
+  per row (`key` [B, 2], `row_keys`) makes each row's draws depend on its own key alone, not on
+  the batch it is in: the evaluator's chunks give the tokens of one big batch.
 """
 
 from __future__ import annotations
@@ -116,8 +118,22 @@ def truncated_logits(
     return jnp.where(x >= cutoff[:, None], x, -jnp.inf)
 
 
+def row_keys(key: jax.Array) -> bool:
+    """Whether `key` holds one PRNG key per row ([B, 2] uint32, or [B] typed keys)."""
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    return key.ndim == (1 if typed else 2)
+
+
+def fold_in(key: jax.Array, data: Any) -> jax.Array:
+    """jax.random.fold_in of one key, or of each row's key (row_keys)."""
+    if row_keys(key):
+        return jax.vmap(jax.random.fold_in, (0, None))(key, data)
+    return jax.random.fold_in(key, data)
+
+
 def sample_tokens(key: jax.Array, logits: jax.Array, options: SamplingOptions) -> jax.Array:
-    """One token per row: logits [B, V] float32 -> [B] int32.
+    """One token per row: logits [B, V] float32 -> [B] int32. `key`: one key, or one per row
+    (row_keys: row b's token then depends on its key and logits alone).
 
     Draws by the Gumbel-max trick (`jax.random.categorical`: the argmax of the logits plus V
     Gumbel numbers a row), whose pick changes only where two perturbed logits tie within float
@@ -132,6 +148,8 @@ def sample_tokens(key: jax.Array, logits: jax.Array, options: SamplingOptions) -
     x = truncated_logits(
         logits, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p
     )
+    if row_keys(key):
+        return jax.vmap(lambda k, row: jax.random.categorical(k, row))(key, x).astype(jnp.int32)
     return jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
 
 
@@ -164,7 +182,8 @@ def generate_pure(
     """The traceable core of `generate` (call it inside your own jit, e.g. the rollout).
 
     graphdef, params = nnx.split(model); prompt_ids [B, T] int32; prompt_lengths [B] int32 >= 1;
-    key: a PRNG key; cache: a KVCache with room for end + T + max_new_tokens slots per row;
+    key: a PRNG key, or one per row ([B, 2]: see the module docstring); cache: a KVCache with
+    room for end + T + max_new_tokens slots per row;
     token_bytes: (bytes [V, Lmax] uint8, lengths [V] int32), needed when options.stop is set.
     active: [B] bool, default all: rows not active sample nothing (length 0, stop reason
     BUDGET), so the decode loop ends with the active rows (a multi-turn rollout's rows whose
@@ -203,7 +222,7 @@ def generate_pure(
     def step(s: dict[str, Any]) -> dict[str, Any]:
         i, logits = s["step"], s["logits"]
         active = s["reason"] == StopReason.RUNNING
-        token = sample_tokens(jax.random.fold_in(key, i), logits, options)
+        token = sample_tokens(fold_in(key, i), logits, options)
         token = jnp.where(active, token, options.pad_id)
         logp, entropy = token_logprob(logits, token, options.temperature)
         logp, entropy = jnp.where(active, logp, 0.0), jnp.where(active, entropy, 0.0)

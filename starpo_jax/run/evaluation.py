@@ -6,24 +6,44 @@
     result = evaluator.evaluate(train_state.actor)     # {"val/bandit/greedy/success": ..., ...}
     print(evaluator.samples_text(result))               # readable conversations
 
-Held-out states: training draws the initial states of iteration t from fold_in(run_key, t)
-(train/step.py); evaluation draws from fold_in(run_key, EVAL_STREAM), a value no step counter
-reaches, split into one key for the initial states and one for sampling. Both are fixed for a run,
-so
-every evaluation of a run meets the same `episodes` initial states with the same sampling noise
-(an evaluation is a deterministic function of the parameters; pass another `sample_key` to
-resample). Every env and both modes share the initial-state keys: the comparisons are paired.
+The protocol (the eval section's defaults, RAGEN's validation: config/base.yaml's es_manager.val,
+val_kwargs, seed.val, trainer.val_before_train and test_freq): before the first step and every
+10 steps, 512 held-out initial states x 1 rollout each, sampled at temperature 0.5, then greedy;
+comparable with RAGEN's published validation numbers. Fewer than 256 states is not a figure of
+record (starpo_jax.analysis.report says so).
 
-Modes: "greedy" (argmax, one rollout per initial state) and "sampled" (the eval temperature,
-`pass_k` rollouts per initial state: pass@k is the fraction of initial states where any of the
-k succeeds). Each (env, mode) is its own compiled program (the env and the batch shape are
-static), compiled at its first call and reused by every later evaluation with the same env
-object: on CPU every distinct env costs a rollout compile. The rollout settings are the
-training ones (turns, token budgets, mode) with the batch shape and temperature swapped. Host
-envs: host_train.HostEvaluator, on the same EvaluatorBase.
+Held-out states: training draws the initial states of iteration t from fold_in(run_key, t)
+(train/step.py); evaluation draws from fold_in(eval_key, EVAL_STREAM), a value no step counter
+reaches, split into one key for the initial states and one for sampling. eval_key is the run key
+of eval.seed (experiment.eval_run_key: run_keys(eval.seed)), by default VAL_SEED = 123 (RAGEN's
+seed.val) whatever the run's seed, so every run, every training seed and every resume meets the
+same `episodes` initial states with the same sampling noise (eval.seed None: the run's own
+key). The keys never coincide with a training key: fold_in(k, EVAL_STREAM) with k = the eval
+seed's run key is no run's fold_in(k', t) for t < 2**31 - 1 (the same k: another counter; another
+k': threefry outputs, a collision of 64-bit keys being ~2**-64). The states themselves come
+from the same generator, so a small game can repeat a training layout, as RAGEN's disjoint val
+and train seeds can: what is held out is the draw, as there (112 of the 512 held-out 6x6
+Sokoban states, 13 of FrozenLake's, are among a 200-step, 8-group run's 1600 training ones).
+An evaluation is a deterministic function of the parameters (pass another `sample_key` to
+resample). Every env and both modes share the initial-state keys: the comparisons are paired.
+Initial state g starts from env.reset(reset_keys[g]), reset_keys = split(reset key, episodes);
+row r (state r // k, its (r % k)-th rollout) samples with fold_in(sample key, r) (one key per
+row: sampling.row_keys). The rows are rolled out eval.batch at a time (default: the training
+rollout's rows per chunk, which the memory check sized), one compiled program per (env, mode)
+called once per chunk; as each row depends on its own keys alone, the results are those of one
+batch of all the rows (tests/test_validation_protocol.py).
+
+Modes: "sampled" (the eval temperature, `pass_k` rollouts per initial state: pass@k is the
+fraction of initial states where any of the k succeeds) and "greedy" (argmax, one rollout per
+initial state). Each (env, mode) is its own compiled program (the env and the chunk's shape
+are static), compiled at its first call and reused by every chunk and every later evaluation
+with the same env object: on CPU every distinct env costs a rollout compile. The rollout
+settings are the training ones (turns, token budgets, mode) with the batch shape and temperature
+swapped. Host envs: host_train.HostEvaluator, on the same EvaluatorBase (all rows at once).
 
 Metric names: val/<env>/<mode>/{success, reward, num_turns, num_actions, action_is_valid,
-response_length}, val/<env>/<mode>/failure/<kind> for the six failure classes of
+response_length, states} (states: the held-out initial states averaged over, what says whether
+a number is of record), val/<env>/<mode>/failure/<kind> for the six failure classes of
 starpo_jax.algo.failures (fractions summing to 1; host envs report no dead ends or loops) and, in
 sampled mode with pass_k > 1, val/<env>/sampled/pass@<k> (greedy
 rollouts of one state are identical, so their pass@k would equal success).
@@ -92,11 +112,15 @@ def eval_metrics(out: Rollout, k: int) -> dict[str, jax.Array]:
         "num_actions": jnp.mean(out.num_actions.astype(jnp.float32)),
         "action_is_valid": jnp.sum(out.format_ok & taken) / turns,
         "response_length": jnp.sum(jnp.where(taken, out.reply_lengths, 0)) / turns,
+        "states": jnp.float32(out.success.shape[0] // k),  # held-out initial states
     }
     if k > 1:
         metrics[f"pass@{k}"] = pass_at_k(out.success, k)
     metrics.update({f"failure/{kind}": value
                     for kind, value in failure_fractions(out.failure).items()})
+    if out.prediction_ok is not None:  # rollout.world_model (rollout/world_model.py)
+        metrics["observation_acc"] = jnp.sum(out.observation_ok & taken) / turns
+        metrics["prediction_acc"] = jnp.sum(out.prediction_ok & taken) / turns
     return {name: value.astype(jnp.float32) for name, value in metrics.items()}
 
 
@@ -179,11 +203,16 @@ class Evaluator(EvaluatorBase):
         self.reset_key, self.sample_key = heldout_keys(run_key)
         self.group_sizes = {m: eval_rollout_config(rollout_config, config, m).group_size
                             for m in config.modes}
+        rows = config.batch or chunk_rows(rollout_config)
+        # Initial states per compiled chunk: as many as `rows` holds, at least one.
+        self.chunk_states = {m: max(1, min(config.episodes, rows // k))
+                             for m, k in self.group_sizes.items()}
         self._programs: dict[tuple[str, str], Callable] = {}
         for name in config.envs:
             env, codec = envs[name]
             for mode in config.modes:
-                settings = eval_rollout_config(rollout_config, config, mode)
+                settings = dataclasses.replace(eval_rollout_config(rollout_config, config, mode),
+                                               groups=self.chunk_states[mode])
                 self._programs[name, mode] = functools.partial(
                     _program, graphdef, env, settings, mode == "greedy", eos_id, pad_id, codec)
 
@@ -193,7 +222,52 @@ class Evaluator(EvaluatorBase):
         return jax.random.split(self.reset_key, self.config.episodes)
 
     def _run(self, name, mode, params, sample_key):
-        return self._programs[name, mode](params, self.reset_key, sample_key)
+        k = self.group_sizes[mode]
+        out = chunked(self._programs[name, mode], params, self.reset_keys,
+                      row_sample_keys(sample_key, self.config.episodes * k),
+                      self.chunk_states[mode], k, f"{name} {mode}")
+        return _metrics(out, k), out
+
+
+def chunk_rows(train: RolloutConfig) -> int:
+    """eval.batch's default: the training rollout's rows per chunk (groups x group_size /
+    chunks), which the memory check sized for this device."""
+    return max(1, train.groups * train.group_size // max(train.chunks, 1))
+
+
+def row_sample_keys(sample_key: jax.Array, rows: int) -> jax.Array:
+    """[rows, 2]: row r's sampling key fold_in(sample_key, r) (row r = state r // k's
+    (r % k)-th rollout), whichever chunk it is rolled out in."""
+    return jax.vmap(jax.random.fold_in, (None, 0))(sample_key, jnp.arange(rows))
+
+
+def chunked(program: Callable, params: nnx.State, reset_keys: jax.Array, sample_keys: jax.Array,
+            states: int, k: int, what: str = "") -> Rollout:
+    """The rollouts of every initial state (reset_keys [S, 2], sample_keys [S * k, 2]) by
+    `program(params, reset_keys [states, 2], sample_keys [states * k, 2])`, `states` at a time
+    (the last chunk padded with copies of its first state, dropped after), concatenated in
+    order: each row depends on its own keys alone, so the result is the one-chunk result."""
+    total = reset_keys.shape[0]
+    pieces, began = [], time.perf_counter()
+    for start in range(0, total, states):
+        n = min(states, total - start)
+        reset = reset_keys[start:start + n]
+        sample = sample_keys[start * k:(start + n) * k]
+        if n < states:
+            reset = jnp.concatenate([reset, jnp.repeat(reset[:1], states - n, axis=0)])
+            sample = jnp.concatenate([sample, jnp.tile(sample[:k], (states - n, 1))])
+        out = program(params, reset, sample)
+        pieces.append(out if n == states else jax.tree.map(lambda x, n=n: x[:n * k], out))
+        elapsed = time.perf_counter() - began
+        if elapsed >= announce.SLOW_SECONDS and start + n < total:
+            announce.say(f"  evaluating {what}: {start + n}/{total} initial states at "
+                         f"{human_duration(elapsed)}")
+    if len(pieces) == 1:
+        return pieces[0]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *pieces)
+
+
+_metrics = jax.jit(eval_metrics, static_argnums=1)
 
 
 # Module-level with the env static and the codec an argument: an Evaluator built again for the
@@ -201,10 +275,13 @@ class Evaluator(EvaluatorBase):
 # program.
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
 def _program(graphdef, env, config: RolloutConfig, greedy: bool, eos_id: int, pad_id: int,
-             codec, params, reset_key, sample_key) -> tuple[dict[str, jax.Array], Rollout]:
-    out = rollout(graphdef, params, env, codec, config, sample_key, eos_id=eos_id, pad_id=pad_id,
-                  greedy=greedy, reset_key=reset_key)
-    return eval_metrics(out, config.group_size), out
+             codec, params, reset_keys, sample_keys) -> Rollout:
+    """One chunk: config.groups initial states (reset_keys [groups, 2]) x group_size rows
+    (sample_keys [rows, 2], one per row)."""
+    if config.world_model and getattr(env, "coordinate_parts", None) is None:
+        config = dataclasses.replace(config, world_model=False, prediction_reward=0.0)
+    return rollout(graphdef, params, env, codec, config, sample_keys, eos_id=eos_id,
+                   pad_id=pad_id, greedy=greedy, reset_key=reset_keys)
 
 
 def format_conversation(tokenizer: Any, out: Rollout, row: int) -> str:

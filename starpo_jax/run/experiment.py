@@ -77,6 +77,8 @@ class Experiment:
     auto: tuple[str, ...] = ()
     memory: autofit.Choice | None = None
     _steps: dict = dataclasses.field(default_factory=dict, repr=False)  # see use()
+    # TrainConfig -> its GradientAnalysis, built on the first step that analyses (analyse()).
+    _analyses: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def step(self, key: jax.Array | None = None) -> dict[str, float]:
         """One iteration (rollout, filter, update) -> its metrics as host floats. `key`
@@ -88,9 +90,26 @@ class Experiment:
             check_memory(self)
         if self.progress is not None:
             self.progress.start(self.steps_done + 1)
-        self.state, metrics = self.train_step(self.state, self.key if key is None else key)
-        return drop_uncomputed({name: float(value)
-                                for name, value in jax.device_get(metrics).items()})
+        key = self.key if key is None else key
+        analysed = self.analyse(key)  # before the step, which donates the state
+        self.state, metrics = self.train_step(self.state, key)
+        return {**drop_uncomputed({name: float(value)
+                                   for name, value in jax.device_get(metrics).items()}),
+                **analysed}
+
+    def analyse(self, key: jax.Array) -> dict[str, float]:
+        """RAGEN-2's gradient analysis of the step about to run (config.gradient_analysis,
+        starpo_jax.train.gradient_analysis: its own program, compiled on first use), when due;
+        {} otherwise."""
+        section = self.config.get("gradient_analysis")
+        if section is None or not section.every or self.steps_done % section.every:
+            return {}
+        from starpo_jax.train.gradient_analysis import GradientAnalysis
+        if self.train not in self._analyses:
+            with announce.phase("gradient analysis", ": compiling its program, then running it"):
+                self._analyses[self.train] = GradientAnalysis.of(self)
+                return self._analyses[self.train](self.state, key)
+        return self._analyses[self.train](self.state, key)
 
     def fresh_state(self) -> TrainState:
         """The step-0 state of this config (the compiled step is reused)."""

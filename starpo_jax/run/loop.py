@@ -35,7 +35,8 @@ steps in a row that dropped updates as non-finite (train.apply_if) save and stop
 kill at any moment (kill -9 included) leaves the newest complete checkpoint to resume from
 (experiments/fault_kill.py tries it).
 The collapse monitor (config monitor.*, starpo_jax.run.monitor) prints its alerts and appends them
-to alerts.jsonl; its action "stop" or "raise_filter" saves and ends the run.
+to alerts.jsonl; its action "stop" or "raise_filter" saves and ends the run, as do
+filter.empty_stop_steps steps in a row whose filter kept no group (monitor.EmptyFilterStop).
 In a multi-process run every process steps and saves checkpoints (the workdir must be shared),
 process 0 alone writes config.json, metrics, events, alerts, samples and the console lines.
 """
@@ -62,8 +63,8 @@ from starpo_jax.run.cli import CONFIG_DIR, load_config
 from starpo_jax.run.distributed import any_process, min_over_processes
 from starpo_jax.run.evaluation import Evaluator, summary_table
 from starpo_jax.run.writers import (METRICS_FILE, WandbWriter, Writers, human_duration,
-                                    open_writers, process_age)
-from starpo_jax.run.monitor import RunMonitor
+                                    open_writers, process_age, read_history)
+from starpo_jax.run.monitor import EmptyFilterStop, RunMonitor
 from starpo_jax.run.stops import StopRequests, stop_on_signals
 from starpo_jax.run.schema import (AUTO_MEMORY, RUN_CONFIG_FILE, check_start, evaluated_config,
                                    warm_start)
@@ -79,6 +80,9 @@ RESUMABLE_CHANGES = ("steps", "log_every", "checkpoint_every", "keep_checkpoints
 # The collapse monitor's settings, and filter.keep_ratio so that a run stopped by its
 # "raise_filter" action goes on with the suggested value (the steps after the resume change).
 RESUMABLE_CHANGES += ("monitor", "filter.keep_ratio")
+# When a run stops for steps that kept nothing, and whether (how often) the gradient analysis
+# runs: neither changes a step's numbers.
+RESUMABLE_CHANGES += ("filter.empty_stop_steps", "gradient_analysis")
 # A host env's pool settings (threads / processes, timeout) change how it is stepped, not what.
 RESUMABLE_CHANGES += ("host",)
 # The starting weights matter only before the first checkpoint, which a resume starts from.
@@ -88,27 +92,36 @@ RESUMABLE_CHANGES += ("model.init_from", "model.require_init_from")
 RESUMABLE_CHANGES += (AUTO_MEMORY,)
 # Where metrics also go, and the module that registers the envs (env.name is compared).
 RESUMABLE_CHANGES += ("logging", "env.module")
+# Whether step 0 is evaluated: a run resumed past it never evaluates it (its initial weights
+# may not be rebuildable: model.init_from may change).
+RESUMABLE_CHANGES += ("val_before_train",)
 # A run whose step-time estimate exceeds this is pointed at a CPU-sized config (it still runs).
 CPU_SESSION_SECONDS = 3 * 3600
 
 
 def train(exp: experiment.Experiment, workdir: Path, *, resume: bool = False,
-          stop: threading.Event | None = None, started: float | None = None) -> int:
+          stop: threading.Event | None = None, started: float | None = None,
+          before: Mapping[str, float] | None = None) -> int:
     """Runs exp.config.steps iterations of `exp` (resuming from workdir's newest checkpoint if
     `resume`), logging and checkpointing under `workdir`. Stops early, after saving, when `stop`
     is set or the collapse monitor's action asks it to (starpo_jax.run.monitor); a StopRequests
     `stop` is told each step's start and expected time and the newest checkpoint. `started`
     (a time.perf_counter() value): where the closing "done in" counts from (default: when
-    logging begins). Returns the number of steps done. In a multi-process run only process 0
+    logging begins). With val_before_train (and eval_every) a run at step 0 first evaluates its
+    initial weights (after the compile, before step 1: a stop then ends it as a stop in the
+    compile does), logged at step 0, unless its metrics.jsonl holds step 0's evaluation already
+    (a resumed run); `before`: such an evaluation made already (sft.py's), logged instead.
+    Returns the number of steps done. In a multi-process run only process 0
     writes logs and holds the workdir's lock; all save checkpoints. Raises RunFault on the
     faults of the module docstring."""
     primary = jax.process_index() == 0
     with WorkdirLock(workdir) if primary else contextlib.nullcontext():
-        return _train(exp, workdir, resume, stop, primary, started)
+        return _train(exp, workdir, resume, stop, primary, started, before)
 
 
 def _train(exp: experiment.Experiment, workdir: Path, resume: bool, stop: threading.Event | None,
-           primary: bool, started: float | None) -> int:
+           primary: bool, started: float | None,
+           before: Mapping[str, float] | None = None) -> int:
     c = exp.config
     config_path = workdir / RUN_CONFIG_FILE
     # Told what the loop does, for the stop message (a plain Event or None: nobody reads it).
@@ -135,6 +148,10 @@ def _train(exp: experiment.Experiment, workdir: Path, resume: bool, stop: thread
     record = None if stop is not None and stop.is_set() else \
         _check_memory(exp, workdir if resume else None, primary, c.steps - exp.steps_done)
     watch.step_seconds = exp.estimated_step_seconds()
+    evaluator = exp.evaluator() if c.eval_every or c.sample_every else None
+    if before is None and evaluator is not None and not (stop is not None and stop.is_set()) \
+            and evaluates_step_0(c, exp.steps_done, workdir, resume):
+        before = evaluate(evaluator, exp, workdir)  # a stop in it ends the run as in the compile
     watch.begin()  # the slow setup is over: from here a stop saves after the current step
     saved = json.loads(c.to_json())
     as_it_was = config_path.read_text() if resume and primary and config_path.is_file() else None
@@ -144,15 +161,20 @@ def _train(exp: experiment.Experiment, workdir: Path, resume: bool, stop: thread
         write_atomically(config_path, json.dumps(saved, indent=2) + "\n")
     first = exp.steps_done
     skipped = 0  # steps in a row that dropped updates
+    if primary and not resume:  # an abandoned start's lines (its step 0 too) are not this run's
+        (workdir / METRICS_FILE).unlink(missing_ok=True)
     more = (WandbWriter(workdir, c.logging.wandb_project, c.logging.wandb_name, saved),) \
         if c.logging.wandb and primary else ()
     writers = open_writers(workdir, c.steps, first, console_every=c.log_every, started=started,
                            more=more) if primary else Writers([])
     monitor = RunMonitor(workdir, c if primary else _silent_monitor(c), first)
-    evaluator = exp.evaluator() if c.eval_every or c.sample_every else None
+    empty = EmptyFilterStop(workdir, c, first, say=primary)  # filter.empty_stop_steps
+    if before:
+        writers.write(0, before)  # JSONL, TensorBoard, W&B; no console line (the table was)
     try:
         while exp.steps_done < c.steps and not any_process(
-                bool(stop and stop.is_set()) or monitor.stop_reason is not None):
+                bool(stop and stop.is_set()) or monitor.stop_reason is not None
+                or empty.stop_reason is not None):
             watch.step_started = start = time.perf_counter()
             watch.stepped = True
             with announce.phase(f"step {exp.steps_done + 1}", ": compiling the train step, "
@@ -164,6 +186,7 @@ def _train(exp: experiment.Experiment, workdir: Path, resume: bool, stop: thread
             if evaluator is not None:
                 metrics.update(evaluate(evaluator, exp, workdir))
             metrics.update(monitor.observe(exp.steps_done, metrics))
+            metrics.update(empty.observe(exp.steps_done, metrics))
             writers.write(exp.steps_done, metrics)
             if _save(checkpoints, exp.state, said=bool(stop and stop.is_set())):
                 watch.saved_step = exp.steps_done
@@ -213,12 +236,13 @@ def _forget(workdir: Path, existed: set[str], also: tuple[str, ...] = ()) -> Non
 
 
 def cost_lines(step_seconds: float, steps: int, env: str,
-               rate: speed.MatmulRate | None = None) -> list[str]:
+               rate: speed.MatmulRate | None = None, config: Any = None) -> list[str]:
     """What the run will cost by the step-time estimate `step_seconds` (Experiment.
     estimated_step_seconds at the f32 matmul rate `rate`; default: this process's measured
     speed.matmul_rate), as a range (speed.step_range), and, when that is far beyond a CPU
     session, the CPU-sized config of the same game (or the quickstart's), with the SFT warm
-    start it needs first (its model.require_init_from)."""
+    start it needs first (its model.require_init_from); not for `config` (the run's) when it is
+    an SFT run or already names that warm start: it is on the CPU path already."""
     rate = speed.matmul_rate() if rate is None else rate
     low, high = speed.step_range(step_seconds, rate)
     plural = "s" * (steps != 1)
@@ -232,6 +256,9 @@ def cost_lines(step_seconds: float, steps: int, env: str,
         game = "the same game" if name.startswith(env) else "a run"
         command = f"python experiments/run.py --config {name}"
         sft = load_config(name).model.require_init_from
+        if config is not None and ("sft" in config or (
+                sft and config.model.get("require_init_from") == sft)):
+            return lines
         if sft:
             build, start = warm_start(sft)
             command = f"{build}, then {command} {start}"
@@ -268,7 +295,8 @@ def _check_memory(exp: experiment.Experiment, workdir: Path | None, primary: boo
         experiment.pin_memory(exp, previous["settings"])
     expected = experiment.expected_step_seconds(exp)
     if primary and expected is not None:
-        print("\n".join(cost_lines(expected, steps, exp.config.env.name)), flush=True)
+        print("\n".join(cost_lines(expected, steps, exp.config.env.name, config=exp.config)),
+              flush=True)
     if not exp.sizes_its_step:
         return None
     plan = experiment.check_memory(exp, any_process, smallest=min_over_processes)
@@ -299,10 +327,21 @@ def _silent_monitor(config: experiment.ConfigDict) -> experiment.ConfigDict:
     return quiet
 
 
+def evaluates_step_0(config: experiment.ConfigDict, steps_done: int, workdir: Path,
+                     resume: bool) -> bool:
+    """Whether a run evaluates its initial weights before step 1: val_before_train and
+    eval_every on, at step 0, and (a resumed run) no step-0 evaluation in its metrics.jsonl."""
+    if not (config.val_before_train and config.eval_every > 0 and steps_done == 0):
+        return False
+    return not (resume and any(step == 0 and any(k.startswith("val/") for k in row)
+                               for step, row in read_history(workdir / METRICS_FILE)))
+
+
 def evaluate(evaluator: Evaluator, exp: experiment.Experiment, workdir: Path) -> dict[str, float]:
     """After a step: the val/ metrics when an evaluation is due (every eval_every steps and the
-    last step), and samples/step_<N>.txt when sample_every is, from the same eval rollouts (at
-    a step with no evaluation due, only the first eval env is rolled out, and nothing logged)."""
+    last step; at step 0, before training: train's evaluates_step_0), and samples/step_<N>.txt
+    when sample_every is, from the same eval rollouts (at a step with no evaluation due, only
+    the first eval env is rolled out, and nothing logged)."""
     c, step = exp.config, exp.steps_done
     due_eval = c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps)
     due_samples = c.sample_every > 0 and step % c.sample_every == 0
@@ -318,7 +357,8 @@ def evaluate(evaluator: Evaluator, exp: experiment.Experiment, workdir: Path) ->
     if not due_eval:
         return {}
     if jax.process_index() == 0:
-        print(f"evaluation after step {step}:\n{summary_table(result.metrics)}", flush=True)
+        when = f"after step {step}" if step else "before training (step 0)"
+        print(f"evaluation {when}:\n{summary_table(result.metrics)}", flush=True)
     return {**result.metrics, "timing/eval_seconds": time.perf_counter() - start}
 
 
@@ -364,8 +404,9 @@ def run_sft(config: experiment.ConfigDict, workdir: Path, *, resume: bool = Fals
     """What `python experiments/sft.py` does once its flags are parsed: an SFT experiment
     (starpo_jax.run.sft.build: its step is a supervised step; its evaluations add
     val/sft/heldout/loss) trained by `train`. A fresh run first writes sft.write_demos
-    demonstrations to <workdir>/demos.jsonl (if > 0) and, with eval_every, evaluates the initial
-    policy (the "before" numbers: printed and written to before.json). Returns the steps done."""
+    demonstrations to <workdir>/demos.jsonl (if > 0) and, with eval_every and val_before_train,
+    evaluates the initial policy (the "before" numbers: printed, written to before.json and
+    logged at step 0). Returns the steps done."""
     sft_lib.split_config(config)  # every key and value checked before anything loads or compiles
     print(f"config {config_file} -> {workdir}", flush=True)
     # As run's: a stop before step 1 ends the process at once; the demonstrations and "before"
@@ -384,12 +425,13 @@ def run_sft(config: experiment.ConfigDict, workdir: Path, *, resume: bool = Fals
             with announce.phase(f"writing {config.sft.write_demos} demonstrations"):
                 count = exp.write_demos(workdir / "demos.jsonl", config.sft.write_demos)
             print(f"{count} demonstrations -> {workdir / 'demos.jsonl'}", flush=True)
-        if fresh and config.eval_every:
+        before = None
+        if fresh and config.eval_every and config.val_before_train:
             before = exp.evaluator().evaluate(exp.state.actor).metrics
             print(f"evaluation before SFT:\n{summary_table(before)}", flush=True)
             workdir.mkdir(parents=True, exist_ok=True)
             (workdir / "before.json").write_text(json.dumps(before, indent=2) + "\n")
-        done = train(exp, workdir, resume=resume, stop=stop)
+        done = train(exp, workdir, resume=resume, stop=stop, before=before)  # logged at step 0
         if stop.is_set() and not resume and done == 0:  # stopped before step 1 (train's line)
             _forget(workdir, existed)
     print(f"{done}/{config.steps} steps; workdir {workdir}", flush=True)

@@ -33,6 +33,9 @@ with a valid reply.
 
 RunMonitor is the run's side (starpo_jax.run.loop.train): alerts on the console and in alerts.jsonl,
 the configured action, and the state rebuilt from metrics.jsonl when a run is resumed.
+EmptyFilterStop, beside it (with the monitor on or off), is the original's
+rollout_filter_empty_stop_steps: filter.empty_stop_steps steps in a row whose filter kept no
+group (rollout/kept_groups = 0: nothing to train on) save and stop the run.
 """
 
 from __future__ import annotations
@@ -301,3 +304,55 @@ class RunMonitor:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+
+
+KEPT_GROUPS = "rollout/kept_groups"
+# The original's names (agent_trainer.py): logged every step, and on the step that stops.
+EMPTY = "rollout/empty_after_filter"
+EMPTY_STEPS = "rollout/consecutive_empty_after_filter_steps"
+EMPTY_STOPPED = "early_stopped/empty_filtered_steps"
+
+
+class EmptyFilterStop:
+    """filter.empty_stop_steps (0 = never) of one run under `workdir`: `observe` counts the
+    steps in a row whose filter kept no group, returns EMPTY and EMPTY_STEPS to log (and
+    EMPTY_STOPPED on the step that stops) and sets `stop_reason` at the limit; the run then
+    saves and stops. A resumed run (first_step > 0) counts on from metrics.jsonl, except after
+    the step that stopped it: --resume goes on for up to that many such steps again. Steps
+    without rollout/kept_groups (SFT) are not counted."""
+
+    def __init__(self, workdir: Path, config: Any, first_step: int = 0, say: bool = True,
+                 stream: TextIO | None = None):
+        section = config.get("filter")
+        self.limit = int(section.get("empty_stop_steps", 0)) if section is not None else 0
+        self.count = 0
+        self.stop_reason: str | None = None
+        self._say, self._stream = say, stream
+        path = workdir / METRICS_FILE
+        if first_step and path.exists():
+            for line in path.read_text().splitlines():
+                row = json.loads(line) if line.strip() else {}
+                if row and row["step"] <= first_step and KEPT_GROUPS in row:
+                    self.count = 0 if row.get(EMPTY_STOPPED) else self._next(row)
+
+    def _next(self, metrics: Mapping[str, float]) -> int:
+        return self.count + 1 if float(metrics[KEPT_GROUPS]) == 0 else 0
+
+    def observe(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Takes step `step`'s metrics; returns the metrics to log with them."""
+        if KEPT_GROUPS not in metrics:
+            return {}
+        self.count = self._next(metrics)
+        out = {EMPTY: float(self.count > 0), EMPTY_STEPS: float(self.count)}
+        if self.limit and self.count >= self.limit and self.stop_reason is None:
+            out[EMPTY_STOPPED] = 1.0
+            self.stop_reason = (
+                f"filter.empty_stop_steps = {self.limit}: the filter kept no group in "
+                f"{self.count} steps in a row (steps {step - self.count + 1}-{step}: "
+                f"{KEPT_GROUPS} = 0, nothing to train on); saving a checkpoint and stopping. "
+                f"--resume goes on for up to {self.limit} more such steps "
+                "(--config.filter.empty_stop_steps=0 never stops for this); a filter that keeps "
+                "more (filter.include_zero=True, a lower filter.top_p) needs a new run")
+            if self._say:
+                print(f"early stop: {self.stop_reason}", file=self._stream, flush=True)
+        return out

@@ -34,9 +34,11 @@ import envs_jax
 from envs_jax.catalog import BUILTIN
 from starpo_jax.checks import is_int, require_valid
 from starpo_jax.config import (EMBEDDED_NAME, TINY_RANDOM_NAME, AdvantageConfig, CollapseConfig,
-                               EvalConfig, FilterConfig, LoraConfig, LossConfig, MonitorConfig,
+                               EvalConfig, FilterConfig, GradientAnalysisConfig, LoraConfig,
+                               LossConfig, MonitorConfig,
                                OptimConfig, RolloutConfig, RUN_DTYPES, RUN_MATMUL_PRECISIONS,
-                               TrainConfig, VANILLA_FILTER, VANILLA_LOSS, default_eval_envs)
+                               TrainConfig, VAL_SEED, VAL_STATES, VANILLA_FILTER, VANILLA_LOSS,
+                               default_eval_envs)
 from starpo_jax.run.workdir import read_json_object
 
 ConfigDict = config_dict.ConfigDict
@@ -107,10 +109,19 @@ def default_config() -> ConfigDict:
     collapse.*: RAGEN-2's template-collapse metrics every collapse.every steps (0 = off;
     starpo_jax.train.collapse); logged only on the steps that compute them.
     monitor.*: the collapse ("Echo Trap") monitor of experiments/run.py (starpo_jax.run.monitor).
-    Evaluation (starpo_jax.run.evaluation) runs every `eval_every` steps and after the last one
-    (0 = never); `sample_every` steps write sample conversations (0 = never). eval.envs: names,
-    comma-separated ("" = the training env and its out-of-distribution variants); eval.modes:
-    "greedy" and/or "sampled" (at eval.temperature, eval.pass_k rollouts per initial state).
+    gradient_analysis.*: RAGEN-2's gradient norms per reward-std bucket every `every` steps (0 =
+    off; starpo_jax.train.gradient_analysis: a program of its own, the train step unchanged).
+    filter.empty_stop_steps: experiments/run.py saves and stops after that many steps in a row
+    whose filter kept no group (0 = never; the original's default 5).
+    Evaluation (starpo_jax.run.evaluation) runs before the first step (`val_before_train`,
+    logged at step 0; a resumed run does not repeat it), every `eval_every` steps and after the
+    last one (eval_every 0 = never, step 0 included); `sample_every` steps write sample
+    conversations (0 = never). The eval section's defaults are RAGEN's validation protocol, for
+    every env (paper_eval): eval.episodes = 512 held-out initial states of the fixed eval.seed
+    123 (None = the run's own seed), "sampled" at eval.temperature 0.5 with eval.pass_k = 1
+    rollout each, then "greedy"; eval.batch rows at a time (None = the training rollout's rows
+    per chunk). eval.envs: names, comma-separated ("" = the training env and its
+    out-of-distribution variants); eval.modes: "sampled" and/or "greedy".
     model.init_from: a workdir of experiments/sft.py (or run.py) whose newest checkpoint's
     policy is the starting weights (LoRA adapters merged in; starpo_jax.run.sft); "" = model.source.
     model.require_init_from: the experiments/sft.py config (of experiments/configs/) whose run
@@ -160,11 +171,14 @@ def default_config() -> ConfigDict:
         c.rollout[key] = config_dict.placeholder(int)
     c.log_every = 1
     c.eval_every = 10
+    c.val_before_train = True  # RAGEN's trainer.val_before_train: step 0's evaluation
     c.sample_every = 10
     # EvalConfig's defaults; envs and modes as comma-separated text (flags).
     c.eval = ConfigDict({field.name: field.default for field in dataclasses.fields(EvalConfig)
-                         if field.name not in ("envs", "modes", "seed")})
-    c.eval.seed = config_dict.placeholder(int)  # None = the run's seed; typed for overrides
+                         if field.name not in ("envs", "modes", "seed", "batch")})
+    # None = the run's seed / the training rollout's rows per chunk; typed for overrides.
+    c.eval.seed = config_dict.FieldReference(EvalConfig.seed, field_type=int)
+    c.eval.batch = config_dict.placeholder(int)
     c.eval.update(envs="", modes=",".join(EvalConfig.modes))
     c.checkpoint_every = 10
     c.keep_checkpoints = 3
@@ -172,6 +186,8 @@ def default_config() -> ConfigDict:
     c.check_memory = True
     c.progress_after = 60
     c.monitor = ConfigDict(dataclasses.asdict(MonitorConfig()))
+    # RAGEN-2's gradient analysis (a run-level setting: the train step is unchanged).
+    c.gradient_analysis = ConfigDict(dataclasses.asdict(GradientAnalysisConfig()))
     # Weights & Biases beside JSONL and TensorBoard (the optional extra `wandb`;
     # logging.WandbWriter): the W&B project, and the run's name ("" = the workdir's name).
     c.logging = ConfigDict({"wandb": False, "wandb_project": "starpo-jax", "wandb_name": ""})
@@ -187,10 +203,14 @@ def config_for(env: str, algo: str, **rollout: Any) -> ConfigDict:
 
 
 def paper_eval(config: ConfigDict) -> ConfigDict:
-    """`config` validated as the original validates: 256 held-out initial states, one rollout
-    each, sampled at temperature 0.5 (its val_kwargs), every 10 steps. Returns config."""
-    config.eval.update(episodes=256, modes="sampled", pass_k=1, temperature=0.5)
-    config.eval_every = 10
+    """`config` validated as the original validates (its config/base.yaml): 512 held-out
+    initial states of the fixed val seed (seed.val 123), one rollout each, sampled at
+    temperature 0.5 (val_kwargs), before training and every 10 steps; then greedy, this
+    project's second mode. The defaults of default_config(): this undoes a config's smaller
+    evaluation. Returns config."""
+    config.eval.update(episodes=VAL_STATES, modes=",".join(EvalConfig.modes), pass_k=1,
+                       temperature=0.5, seed=VAL_SEED)
+    config.eval_every, config.val_before_train = 10, True
     return config
 
 
@@ -312,7 +332,7 @@ def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
         require_valid(name, value, is_int(value, low), f"an int >= {low}")
     for name in ("eval_every", "sample_every", "progress_after", "max_skipped_steps"):
         require_valid(name, full[name], is_int(full[name], 0), "an int >= 0 (0 = never)")
-    for name in ("vanilla", "nothink", "check_memory"):
+    for name in ("vanilla", "nothink", "check_memory", "val_before_train"):
         require_valid(name, full[name], isinstance(full[name], bool), "True or False")
     require_valid("model.source", full.model.source, _model_source_exists(full.model.source),
              f"{EMBEDDED_NAME!r}, {TINY_RANDOM_NAME!r}, the path of a .gguf file or of a Hugging "
@@ -332,6 +352,11 @@ def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
     envs_host.PoolConfig(**full.host.to_dict())
     eval_config(full)
     MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
+    analysis = GradientAnalysisConfig(**full.gradient_analysis.to_dict())  # run-level too
+    require_valid("gradient_analysis.every", analysis.every,
+                  not analysis.every or full.env.name not in envs_host.names(),
+                  f"0: env.name = {full.env.name!r} is a host env, whose rollout the analysis "
+                  "cannot repeat (JAX envs only)")
     sections = {name: section(**_fastest(name, full[name].to_dict()))
                 for name, section in SECTIONS.items() if name not in ("rollout", "advantage")}
     advantage = full.advantage.to_dict()
@@ -350,10 +375,11 @@ def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
 def vanilla_values() -> dict[str, Any]:
     """What `vanilla=True` sets, as "section.key" -> value (TrainConfig.vanilla(): the loss
     keys of VANILLA_LOSS, and every key of the filter section: VANILLA_FILTER's, the rest at
-    their defaults)."""
+    their defaults; but filter.empty_stop_steps, the run's, which it keeps)."""
     values = {f"loss.{key}": value for key, value in VANILLA_LOSS.items()}
     for field in dataclasses.fields(FilterConfig):
-        values[f"filter.{field.name}"] = VANILLA_FILTER.get(field.name, field.default)
+        if field.name != "empty_stop_steps":
+            values[f"filter.{field.name}"] = VANILLA_FILTER.get(field.name, field.default)
     return values
 
 

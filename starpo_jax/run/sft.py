@@ -42,6 +42,7 @@ from starpo_jax.run import experiment
 from starpo_jax.rollout.demonstrations import (TokenizedRows, build_reply_encoder, demonstrate,
                                                read_jsonl, tokenize_conversations, transcripts,
                                                write_jsonl)
+from starpo_jax.rollout.world_model import build_world_model_encoder, longest_reply
 from starpo_jax.run.evaluation import EvalResult, heldout_keys
 from starpo_jax.rollout.host import host_buffer_length
 from starpo_jax.rollout.host_text import HostText
@@ -57,7 +58,11 @@ ConfigDict = config_dict.ConfigDict
 DEMO_STREAM = 2**31 - 2
 #: What sft.py's config has beyond a StarPO run's (experiment.default_config).
 SFT_DEFAULTS = {"policy": "random", "solver_share": 0.5, "data": "", "heldout": 0.1,
-                "write_demos": 0}
+                "write_demos": 0, "reply_format": "answer"}
+#: sft.reply_format: "answer" the answer alone (think mode: a fixed sentence before it);
+#: "world_model" SPA's replies (rollout/world_model.py: the state's coordinates, the plan, the
+#: state it leads to, then the answer).
+REPLY_FORMATS = ("answer", "world_model")
 
 
 def sft_default_config() -> ConfigDict:
@@ -67,7 +72,9 @@ def sft_default_config() -> ConfigDict:
     sft.data: a JSONL file of {"messages": [...]} transcripts to train on instead ("" = none);
     sft.heldout: the fraction of sft.data's conversations held out for val/sft/heldout/loss
     (its last ones); sft.write_demos: demonstrations written to <workdir>/demos.jsonl at the
-    start."""
+    start; sft.reply_format: the demonstrations' replies (REPLY_FORMATS: "world_model" is
+    SPA's world-model warm start, with the policy's actions as its behaviour; it turns on
+    rollout.world_model, whose probe scores the evaluations' replies)."""
     c = experiment.default_config()
     c.sft = ConfigDict(dict(SFT_DEFAULTS))
     return c
@@ -76,7 +83,8 @@ def sft_default_config() -> ConfigDict:
 #: Keys split_config sets itself whatever the config says (one update on every row): two
 #: configs that differ only there train alike, and a workdir's config.json may hold either form
 #: (the given one, before 99ceac1, or the effective one).
-FORCED_KEYS = ("filter.strategy", "filter.keep_ratio", "optim.minibatch_rows")
+FORCED_KEYS = ("filter.strategy", "filter.keep_ratio", "optim.minibatch_rows",
+               "rollout.world_model")
 
 
 def resume_rules(config: ConfigDict | dict, resumable: tuple[str, ...]) -> dict[str, Any]:
@@ -118,6 +126,8 @@ def split_config(config: ConfigDict) -> tuple[ConfigDict, ConfigDict]:
     data = section["data"]
     require_valid("sft.data", data, isinstance(data, str) and (not data or Path(
         data).is_file()), "'' (demonstrations) or the path of a JSONL file")
+    require_valid("sft.reply_format", section["reply_format"],
+                  section["reply_format"] in REPLY_FORMATS, f"one of {REPLY_FORMATS}")
     h = section["heldout"]
     require_valid("sft.heldout", h, is_number(h) and 0 <= h < 1, "a number in [0, 1)")
     w = section["write_demos"]
@@ -127,6 +137,11 @@ def split_config(config: ConfigDict) -> tuple[ConfigDict, ConfigDict]:
     # optim.micro_batches count is all the rows, not a StarPO run's kept ones.
     run.filter.update(strategy="top_k", keep_ratio=1.0)
     run.optim.minibatch_rows = run.rollout.groups * run.rollout.group_size
+    if section["reply_format"] == "world_model":
+        if run.nothink:
+            raise ValueError("sft.reply_format = 'world_model' writes its blocks in the think "
+                             "block; config.nothink = True; valid: False")
+        run.rollout.world_model = True  # evaluations score the replies' blocks
     experiment.train_config(run)
     if run.env.name in envs_host.names() and (not data or w):
         raise ValueError(f"config.env.name = {run.env.name!r} is a host env; valid for SFT: "
@@ -189,7 +204,8 @@ class SftExperiment(experiment.Experiment):
         each)."""
         if self.data is not None:
             return self.heldout
-        reset_key, sample_key = heldout_keys(self.key)
+        # The evaluator's states: those of eval.seed's run (experiment.eval_run_key).
+        reset_key, sample_key = heldout_keys(experiment.eval_run_key(self, self.config.eval))
         shape = dataclasses.replace(self.train.rollout, groups=self.config.eval.episodes,
                                     group_size=1, chunks=1)
         return jax.jit(lambda k, r: self.demos(k, shape, r))(sample_key, reset_key)
@@ -271,8 +287,16 @@ def build(config: ConfigDict) -> SftExperiment:
                                  max_actions_per_turn=r.max_actions_per_turn,
                                  max_turns=r.max_turns, max_actions_per_traj=r.max_actions_per_traj,
                                  solver_share=float(section.solver_share))
-        exp.encoder = build_reply_encoder(exp.tokenizer, exp.env, exp.codec,
-                                          max_actions_per_turn=r.max_actions_per_turn)
+        build = (build_world_model_encoder if section.reply_format == "world_model"
+                 else build_reply_encoder)
+        exp.encoder = build(exp.tokenizer, exp.env, exp.codec,
+                            max_actions_per_turn=r.max_actions_per_turn)
+        if section.reply_format == "world_model":
+            longest = longest_reply(exp.env, exp.encoder, r.max_actions_per_turn)
+            if longest > r.reply_tokens:
+                raise ValueError(f"world-model replies of {exp.env!r} take up to {longest} "
+                                 f"tokens; config.rollout.reply_tokens = {r.reply_tokens} is "
+                                 f"too small: valid: >= {longest}")
     exp.use(exp.train)
     return exp
 

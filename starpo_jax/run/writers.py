@@ -5,6 +5,9 @@ the optional extra `wandb`, Weights & Biases.
     writer.write(step, {"train/success": 0.25, ...})    # step counts from 1
     writer.close()
 
+Step 0 is the evaluation before training (val/ metrics only): in JSONL, TensorBoard and W&B, not
+on the console line (nor in its trend).
+
 Metric names carry their TensorBoard section as a prefix (train/, rollout/, actor/, critic/,
 timing/). A resumed run (first_step > 0) first drops the JSONL lines after `first_step`, which
 an interrupted run may have written after its last checkpoint, so the file stays one line per
@@ -157,9 +160,12 @@ class ConsoleProgress:
         self._start = time.perf_counter() if started is None else started
         self._since = "this process's start" if started is not None else "logging began"
         self._after_first: tuple[int, float] | None = None
-        self._history = [(step, _trend_values(m)) for step, m in history if step <= first_step]
+        self._history = [(step, _trend_values(m)) for step, m in history
+                         if 0 < step <= first_step]
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        if step == 0:  # the evaluation before training (its table is printed): not a step
+            return
         now = time.perf_counter()
         self._history.append((step, _trend_values(metrics)))
         if self._after_first is None:

@@ -369,3 +369,10 @@ def answer_closed(
     Returns (hit [B] bool, new tail [B, W]).
     """
     return advance_stop_tail(tail, tokens, table, table_lengths, stop_strings())
+
+
+# The byte-level readers other readers of replies share (rollout/world_model.py's probe).
+reply_chars = _reply_chars  # (parser, ids [T], length) -> (chars [N] int32, -1 padded, ...)
+pattern_hits = _hits  # (chars [N], pattern bytes) -> [N] bool: the pattern starts here
+first_true = _first  # [N] bool -> index of the first True, or N
+whitespace = _spaces  # chars [N] -> [N] bool: the byte belongs to a str.isspace() char

@@ -39,6 +39,7 @@ import optax
 from flax import nnx
 
 from starpo_jax.algo import advantages as adv_lib
+from starpo_jax.algo import reweighting
 from starpo_jax.algo.filtering import (VALUE_METRICS, GroupSelection, gather_group_rows,
                                        kept_share, select_groups)
 from starpo_jax.algo.losses import (aggregate, aggregate_normaliser, kl_penalty, policy_loss,
@@ -109,6 +110,8 @@ def make_learner(config: TrainConfig, *, model: Decoder, prompt_width: int | Non
         kept = gather_group_rows(out, selection.indices, group)
         # Groups not really kept stay in the static batch but out of every loss and statistic.
         kept = kept.replace(loss_mask=kept.loss_mask & jnp.repeat(selection.kept, group)[:, None])
+        # advantage.reward_normalization_* (None: off), over the whole rollout (algo/reweighting)
+        scores = reweighting.normalized_kept_scores(config, out.scores, selection.indices)
         if config.rollout.turn_samples:  # the kept trajectories' turn samples, as rows
             kept = turn_samples(kept)
         kept = constrain(kept)
@@ -124,8 +127,11 @@ def make_learner(config: TrainConfig, *, model: Decoder, prompt_width: int | Non
                                              prepare_plan)
         # With `kept` inside, the mark waits for the rollout even when nothing was computed.
         old_logp, values, kept = mark(phase_clock, "old_logprobs", (old_logp, values, kept))
-        adv, returns = advantages(config, kept, values)
+        adv, returns = advantages(config, kept, values,
+                                  reweighting.per_row(scores, kept.tokens.shape[0]))
         adv = adv * kept_share(selection, config.filter)  # filter.loss_scaling
+        # RAGEN-2's soft reweight, length weight, zero task advantage (no-ops when off)
+        adv = reweighting.adjust_advantages(config, adv, kept, scores, selection.kept)
         return Batch(rollout=kept, selection=selection, advantages=adv, returns=returns,
                      old_values=values, old_logp=old_logp, ref_logp=ref_logp)
 
@@ -226,7 +232,7 @@ def make_learner(config: TrainConfig, *, model: Decoder, prompt_width: int | Non
                                                         else opt.rollout_reuse)
                    for k, v in aux.items()}
         metrics = rollout_metrics(out, batch)
-        metrics.update(aux, **collapse)
+        metrics.update(aux, **collapse, **reweighting.soft_weight_metrics(config, out, batch))
         metrics = {k: v.astype(jnp.float32) for k, v in metrics.items()}
         return state.replace(step=state.step + 1), metrics
 
@@ -286,16 +292,18 @@ def filter_values(out: Rollout, metric: str) -> jax.Array | None:
 
 
 def advantages(config: TrainConfig, batch: Rollout, values: jax.Array | None,
-               ) -> tuple[jax.Array, jax.Array | None]:
+               scores: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None]:
     """(advantages, returns | None) [R, L] of config.estimator (a name in the advantage
     registry), called with the AdvantageConfig values its signature names (ESTIMATOR_PARAMS).
     TrainConfig has already refused a value set away from its default for a parameter the
-    estimator does not have, so the ones left out here are defaults it has no use for."""
+    estimator does not have, so the ones left out here are defaults it has no use for.
+    scores: [R] the rows' trajectory scores (None: batch.scores; the normalised ones)."""
     a = config.advantage
     inputs = adv_lib.AdvantageInputs(
-        token_rewards=token_rewards(batch, a.reward_placement), reply_mask=batch.loss_mask,
-        values=values, turn_ids=batch.turn_ids,
-        scores=batch.scores.reshape(-1, config.rollout.group_size),
+        token_rewards=token_rewards(batch, a.reward_placement, scores),
+        reply_mask=batch.loss_mask, values=values, turn_ids=batch.turn_ids,
+        scores=(batch.scores if scores is None else scores).reshape(
+            -1, config.rollout.group_size),
         turn_rewards=batch.turn_rewards + batch.format_penalties,
         turn_anchors=batch.turn_anchors)
     fn = adv_lib.get_advantage_estimator(config.estimator)
@@ -305,16 +313,17 @@ def advantages(config: TrainConfig, batch: Rollout, values: jax.Array | None,
     return fn(inputs, **offered)
 
 
-def token_rewards(batch: Rollout, placement: str) -> jax.Array:
+def token_rewards(batch: Rollout, placement: str, scores: jax.Array | None = None) -> jax.Array:
     """Rewards (format penalties included) on reply tokens: [B, L] float32.
 
-    "trajectory": the score on the last reply token of the row; "turn": each turn's reward on
-    the last reply token of that turn.
+    "trajectory": the score (`scores` [B], default batch.scores) on the last reply token of the
+    row; "turn": each turn's reward on the last reply token of that turn.
     """
     positions = jnp.arange(batch.tokens.shape[1])
     if placement == "trajectory":
         last = jnp.max(jnp.where(batch.loss_mask, positions, -1), axis=1)
-        return jnp.where(positions == last[:, None], batch.scores[:, None], 0.0)
+        score = batch.scores if scores is None else scores
+        return jnp.where(positions == last[:, None], score[:, None], 0.0)
     per_turn = batch.turn_rewards + batch.format_penalties  # [B, T]
     nxt = jnp.pad(batch.turn_ids[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
     ends = batch.loss_mask & (nxt != batch.turn_ids)

@@ -82,6 +82,17 @@ def rollout_metrics(out: Rollout, batch: Batch) -> Metrics:
         "actor/entropy": aggregate(out.behaviour_entropy, out.loss_mask),
         **({} if out.turn_anchors is None else {
             "rollout/anchor_share": anchor_share(out.turn_anchors, group)}),
+        **world_model_metrics(out, "rollout"),
         **{f"train/failure/{kind}": value
            for kind, value in failure_fractions(out.failure).items()},
     }
+
+
+def world_model_metrics(out: Rollout, prefix: str) -> Metrics:
+    """rollout.world_model's probe (rollout/world_model.py) over the taken turns:
+    <prefix>/observation_acc (the reply's <observation> is the turn's state) and
+    <prefix>/prediction_acc (its <prediction> is the state the turn led to); {} when off."""
+    if out.prediction_ok is None:
+        return {}
+    return {f"{prefix}/observation_acc": _mean(out.observation_ok, out.turn_taken),
+            f"{prefix}/prediction_acc": _mean(out.prediction_ok, out.turn_taken)}
