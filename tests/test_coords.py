@@ -313,8 +313,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
 @pytest.mark.parametrize("game", ["coord_sokoban", "coord_frozen_lake"])
 def test_the_configs_are_the_grid_games_with_the_coord_env(game):
-    """coord_<game>_{ppo,grpo,cpu}.py are <game>_{ppo,grpo,cpu}.py with env.name (and the cpu
-    config's SFT warm start, coord_<game>_sft.py, the world-model warm start's) changed."""
+    """coord_<game>_{ppo,grpo}.py are <game>_{ppo,grpo}.py with env.name changed; the CPU
+    configs are issue 60's RL after the world-model warm start: PPO in think mode with the
+    probe, from coord_<game>_sft.py (a world-model SFT), with RAGEN's turns and budgets."""
     from starpo_jax import api
 
     def load(stem):
@@ -325,12 +326,17 @@ def test_the_configs_are_the_grid_games_with_the_coord_env(game):
 
     grid = game.removeprefix("coord_")
     for kind in ("ppo", "grpo", "cpu"):
-        config, theirs = load(f"{game}_{kind}"), load(f"{grid}_{kind}")
-        theirs.env.name = game
+        config = load(f"{game}_{kind}")
         if kind == "cpu":
             assert config.model.require_init_from == f"{game}_sft.py"
-            theirs.model.require_init_from = config.model.require_init_from = ""
-        assert config.to_dict() == theirs.to_dict()
+            assert load(f"{game}_sft").sft.reply_format == "world_model"
+            assert (config.algo, config.nothink, config.rollout.world_model) == ("ppo", False,
+                                                                                True)
+            config.model.require_init_from = ""
+        else:
+            theirs = load(f"{grid}_{kind}")
+            theirs.env.name = game
+            assert config.to_dict() == theirs.to_dict()
         rollout = api.train_config(config).rollout
         assert (rollout.max_turns, rollout.max_actions_per_turn, rollout.max_actions_per_traj,
                 rollout.announced_tokens) == (5, 2, 10, 120)
