@@ -18,7 +18,12 @@ run() {  # script config workdir [overrides...]: resume or start, then mark DONE
   shift 3
   [ -f "$dir/DONE" ] && return 0
   local resume=()
-  [ -f "$dir/config.json" ] && resume=(--resume)
+  if [ -n "$(ls -A "$dir/checkpoints" 2>/dev/null)" ]; then
+    resume=(--resume)
+  elif [ -f "$dir/config.json" ]; then  # a fresh checkout: its metrics, not its checkpoints
+    echo "$dir has no checkpoint here (checkpoints are not committed): starting it over"
+    mv "$dir" "$dir.before_$(date -u +%Y%m%dT%H%M%S)"
+  fi
   echo "=== $(date -u +%FT%TZ) $script $config -> $dir ${resume[*]} $*"
   python "experiments/$script" --config "$config" --workdir "$dir" "${resume[@]}" "$@" \
     && touch "$dir/DONE"
