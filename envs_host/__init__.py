@@ -6,11 +6,13 @@ import JAX (process pools spawn workers that import it).
 
 from envs_host.base import EnvSettings, HostEnv, HostEnvError
 from envs_host.pool import EnvPool, Failure, PoolConfig
-from envs_host.registry import factory, make, names, register
+from envs_host.registry import (factory, known, make, names, namespaces, register,
+                                 register_namespace)
 
 # Importing an adapter registers its names (its library is imported only by an instance).
 import envs_host.reasoning_gym_env  # noqa: E402, F401
 import envs_host.webshop  # noqa: E402, F401
 
 __all__ = ["EnvPool", "EnvSettings", "Failure", "HostEnv", "HostEnvError", "PoolConfig",
-           "factory", "make", "names", "register"]
+           "factory", "known", "make", "names", "namespaces", "register",
+           "register_namespace"]

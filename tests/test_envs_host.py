@@ -181,3 +181,48 @@ def test_a_host_env_s_settings_fill_the_rollout_keys_left_unset():
     with pytest.raises(ValueError, match=r"^host env 'settings_old_style' \(.*OldStyle\) sets "
                                          r"`defaults`, which is no longer read; valid: "):
         schema.check_config(c)
+
+
+class Tagged(HostEnv):
+    """A namespaced env: its name's rest is `tag`."""
+
+    def __init__(self, tag: str, suffix: str = ""):
+        self.tag, self.suffix = tag, suffix
+
+    def reset(self, seed: int) -> str:
+        return f"{self.tag}{self.suffix}:{seed}"
+
+    def step(self, action: str):
+        return action, 0.0, True, {"success": False}
+
+
+def test_a_namespace_names_a_family_of_envs_by_prefix():
+    envs_host.register_namespace("tagged_test", Tagged, "tag", suffix="!")
+    assert "tagged_test:<tag>" in envs_host.namespaces()
+    assert not envs_host.known("tagged_test:") and not envs_host.known("other:x")
+    assert envs_host.known("tagged_test:a:b")  # the rest is everything after the first colon
+    assert "tagged_test:a:b" in envs_host.names()
+    assert envs_host.make("tagged_test:a:b").reset(3) == "a:b!:3"
+    assert envs_host.make("tagged_test:q", suffix="?").reset(1) == "q?:1"
+    with pytest.raises(ValueError, match="namespace 'tagged_test' is invalid or already"):
+        envs_host.register_namespace("tagged_test", Tagged, "tag")
+    with pytest.raises(ValueError, match="'tagged_test:z' is in namespace 'tagged_test'"):
+        envs_host.register("tagged_test:z", Tagged)
+    with pytest.raises(ValueError, match=r"unknown host environment 'nope:x'.*tagged_test:<tag>"):
+        envs_host.make("nope:x")
+
+
+def test_env_kwargs_reach_the_constructor_and_bad_ones_name_themselves():
+    from starpo_jax.run.schema import default_config, make_env, merged_config
+
+    config = default_config()
+    config.env.name = "frozen_lake"
+    config.env.kwargs = {"success_rate": 1.0}
+    full = merged_config(config)
+    assert make_env(full).success_rate == 1.0
+    config.env.kwargs = {"no_such_knob": 3}
+    with pytest.raises(ValueError, match=r"config.env.kwargs = \{'no_such_knob': 3\} is invalid "
+                                         r"for env 'frozen_lake'"):
+        make_env(merged_config(config))
+    with pytest.raises(ValueError, match=r"config.env.kwargs = \['a'\] is invalid; valid: a dict"):
+        merged_config({"env": {"name": "frozen_lake", "kwargs": ["a"]}})

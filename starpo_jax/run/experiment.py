@@ -40,7 +40,8 @@ from starpo_jax.rollout.jax_env import buffer_length
 from starpo_jax.run.schema import (AUTO, DTYPES, ENV_SETTINGS, SECTIONS,  # noqa: F401 (API)
                                    ConfigDict, auto_knobs, check_config, config_for,
                                    config_from_train_config,
-                                   default_config, eval_config, merged_config, paper_eval,
+                                   default_config, eval_config, make_env, merged_config,
+                                   paper_eval,
                                    read_run_config, require_valid, train_config)
 from starpo_jax.models.sharding import make_mesh, shard_state
 from starpo_jax.run.checkpoint import load_init_weights
@@ -142,7 +143,7 @@ class Experiment:
         this Experiment compiled (its own_step, and not a host env's, whose rollout runs on the
         host)."""
         return (self.config.check_memory and self.own_step
-                and self.config.env.name not in envs_host.names())
+                and not envs_host.known(self.config.env.name))
 
     @property
     def steps_done(self) -> int:
@@ -160,7 +161,7 @@ class Experiment:
         f32 matmul rate `rate` (default: this machine's, timed once per process:
         speed.matmul_rate; speed.REFERENCE: the fitted CPU's); None where the model does not
         apply (a host env's rollout steps Python envs, a multi-device mesh, an accelerator)."""
-        if (self.config.env.name in envs_host.names() or self.mesh is not None
+        if (envs_host.known(self.config.env.name) or self.mesh is not None
                 or jax.default_backend() != "cpu"):
             return None
         train = self.train if train is None else train
@@ -207,7 +208,7 @@ def build(config: ConfigDict | TrainConfig, **top: Any) -> Experiment:
         raise TypeError(f"keyword arguments {sorted(top)} only go with a TrainConfig")
     train = train_config(config)
     full = merged_config(config)
-    host = full.env.name in envs_host.names()
+    host = envs_host.known(full.env.name)
     if host and (jax.process_count() > 1 or jax.device_count() > 1):
         raise ValueError(f"env.name = {full.env.name!r} is a host env; host envs train on one "
                          f"device, this run sees {jax.device_count()}")
@@ -239,7 +240,7 @@ def _assemble(full: ConfigDict, train: TrainConfig, model: Any, tok: Any, key: j
                          codec=text, state=None, train_step=step, key=key, init_key=init_key)
         exp.state = exp.fresh_state()
         return exp
-    env = envs_jax.make(full.env.name)
+    env = make_env(full)
     codec = _codec(full, train, tok, env)
     mesh = None
     if jax.process_count() > 1 or jax.device_count() > 1:
@@ -373,7 +374,7 @@ def build_evaluator(exp: Experiment) -> Evaluator:
     host env, a host_train.HostEvaluator (same interface)."""
     config = eval_config(exp.config)
     key = eval_run_key(exp, config)
-    if exp.config.env.name in envs_host.names():
+    if envs_host.known(exp.config.env.name):
         from starpo_jax.run import host_train
 
         return host_train.build_evaluator(exp, config, key)

@@ -81,7 +81,7 @@ def prompt_setup(config: ConfigDict, tokenizer: Any, *, chat_template: bool) -> 
         "chat_template_adds_reply_prefix": chat_template,
     }
     if config.env.name in envs_jax.names():
-        env = envs_jax.make(config.env.name)
+        env = experiment.make_env(experiment.merged_config(config))
         setup["intro"] = intro = env_intro(
             template, env, max_actions_per_turn=rollout.max_actions_per_turn,
             max_actions_per_traj=rollout.max_actions_per_traj)

@@ -32,6 +32,7 @@ from starpo_jax.config import RolloutConfig, TrainConfig
 from starpo_jax.run.evaluation import (EvalConfig, EvaluatorBase, eval_metrics, eval_rollout_config,
                                    heldout_keys)
 from starpo_jax.rollout.host import host_rollout
+from starpo_jax.run.schema import env_kwargs, make_env
 from starpo_jax.rollout.jax_env import Rollout
 from starpo_jax.rollout.host_text import HostText, build_host_text
 from starpo_jax.models.decoder import Decoder
@@ -127,7 +128,8 @@ def build_evaluator(exp: Any, config: EvalConfig, key: jax.Array) -> HostEvaluat
     for name in config.envs:
         text = exp.codec if name == exp.config.env.name else _text(
             exp.config, exp.train, exp.tokenizer, envs_host.make(name))
-        envs[name] = (envs_host.factory(name), text)
+        own = env_kwargs(exp.config) if name == exp.config.env.name else {}
+        envs[name] = (envs_host.factory(name, **own), text)
     return HostEvaluator(nnx.graphdef(exp.model), exp.tokenizer, envs, exp.train.rollout, config,
                          key, PoolConfig(**exp.config.host.to_dict()),
                          eos_id=exp.tokenizer.eos_token_id, pad_id=exp.tokenizer.pad_token_id)
@@ -143,8 +145,9 @@ def build_step(full: Any, train: TrainConfig, model: Decoder, tokenizer: Any,
     """The host-env parts of experiment.build's Experiment: (env, its text layer, the
     HostTrainStep), for `full` the checked experiment config, `train` its TrainConfig and
     `model` the policy after experiment.build's prelude (weights, model.init_from, LoRA)."""
-    env = envs_host.make(full.env.name)
+    env = make_env(full)
     text = _text(full, train, tokenizer, env)
     step = HostTrainStep(train, full.env.name, PoolConfig(**full.host.to_dict()), text,
-                         model=model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+                         model=model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                         factory=envs_host.factory(full.env.name, **env_kwargs(full)))
     return env, text, step

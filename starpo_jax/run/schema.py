@@ -157,8 +157,10 @@ def default_config() -> ConfigDict:
     c.mesh = ConfigDict({"tp": 1})
     # env.module: comma-separated modules imported before env.name is looked up, so that envs
     # a user's package registers on import (envs_host.register, envs_jax.register) train by
-    # name from the command line.
-    c.env = ConfigDict({"name": "bandit", "module": ""})
+    # name from the command line. env.kwargs: keyword arguments of the env's constructor
+    # (envs_jax.make / envs_host.make), e.g. {"success_rate": 0.8} or an OpenEnv server's
+    # {"timeout": 10}; set in a config file.
+    c.env = ConfigDict({"name": "bandit", "module": "", "kwargs": {}})
     # Host envs (envs_host) only: the env pool's threads (or one process per row) and the
     # seconds an env call may take before its row is failed (envs_host.pool).
     c.host = ConfigDict(dataclasses.asdict(envs_host.PoolConfig()))
@@ -214,6 +216,10 @@ def paper_eval(config: ConfigDict) -> ConfigDict:
     return config
 
 
+# Sections whose keys are the user's (an env constructor's keyword arguments), not checked here.
+FREE_FORM = ("env.kwargs",)
+
+
 def _check_keys(given: Any, known: ConfigDict, prefix: str = "") -> None:
     for key in given.keys():
         name = prefix + key
@@ -223,7 +229,7 @@ def _check_keys(given: Any, known: ConfigDict, prefix: str = "") -> None:
             where = f" in {prefix[:-1]!r}" if prefix else ""
             raise ValueError(f"unknown config key {name!r}{hint}; valid keys{where}: "
                              f"{sorted(known.keys())}")
-        if isinstance(known[key], ConfigDict):
+        if isinstance(known[key], ConfigDict) and name not in FREE_FORM:
             if not hasattr(given[key], "keys"):
                 raise ValueError(f"config key {name!r} = {given[key]!r} must be a section with "
                                  f"keys {sorted(known[key].keys())}")
@@ -237,7 +243,7 @@ def merged_config(config: Any) -> ConfigDict:
     full = default_config()
     try:
         full.update(values)
-    except TypeError as error:  # ConfigDict's own type check, e.g. a str for an int
+    except (TypeError, AttributeError) as error:  # ConfigDict's type check, e.g. a str for an int
         raise ValueError(_wrong_type(values, default_config()) or str(error)) from None
     return full
 
@@ -246,6 +252,8 @@ def _wrong_type(values: Any, section: ConfigDict, prefix: str = "") -> str | Non
     """The message for the first value in `values` that `section` refuses for its type."""
     for key, value in values.items():
         if isinstance(section[key], ConfigDict):
+            if not hasattr(value, "items"):
+                return f"config.{prefix}{key} = {value!r} is invalid; valid: a dict"
             found = _wrong_type(value, section[key], f"{prefix}{key}.")
             if found:
                 return found
@@ -347,14 +355,17 @@ def _train_config(config: ConfigDict, kind: type[TrainConfig]) -> TrainConfig:
         "'' or a workdir of experiments/sft.py or run.py (holding config.json and checkpoints)")
     _check_logging(full.logging)
     import_env_modules(full.env.module)
-    all_envs = _jax_env_names() + envs_host.names()
-    require_valid("env.name", full.env.name, full.env.name in all_envs, f"one of {all_envs}")
+    all_envs = _jax_env_names() + envs_host.names() + envs_host.namespaces()
+    require_valid("env.name", full.env.name,
+                  full.env.name in _jax_env_names() or envs_host.known(full.env.name),
+                  f"one of {all_envs}")
+    env_kwargs(full)
     envs_host.PoolConfig(**full.host.to_dict())
     eval_config(full)
     MonitorConfig(**full.monitor.to_dict())  # a run-level setting (run.py), checked here too
     analysis = GradientAnalysisConfig(**full.gradient_analysis.to_dict())  # run-level too
     require_valid("gradient_analysis.every", analysis.every,
-                  not analysis.every or full.env.name not in envs_host.names(),
+                  not analysis.every or not envs_host.known(full.env.name),
                   f"0: env.name = {full.env.name!r} is a host env, whose rollout the analysis "
                   "cannot repeat (JAX envs only)")
     sections = {name: section(**_fastest(name, full[name].to_dict()))
@@ -455,7 +466,7 @@ def _rollout_values(full: ConfigDict) -> dict[str, Any]:
     """The rollout section of a merged config, every unset env setting (None) taken from the
     env's (envs_jax.settings(env.name)); env.name must be registered."""
     values = full.rollout.to_dict()
-    if full.env.name in envs_host.names():
+    if envs_host.known(full.env.name):
         env_settings = host_env_settings(full.env.name)
     else:
         env_settings = (envs_jax.settings(full.env.name) if _registry_loaded()
@@ -464,6 +475,30 @@ def _rollout_values(full: ConfigDict) -> dict[str, Any]:
         if values[key] is None:
             values[key] = getattr(env_settings, key)
     return _fastest("rollout", values)
+
+
+def env_kwargs(full: ConfigDict) -> dict[str, Any]:
+    """config.env.kwargs as a dict (keyword arguments of the env's constructor), checked."""
+    kwargs = full.env.get("kwargs", {})
+    kwargs = kwargs.to_dict() if isinstance(kwargs, ConfigDict) else kwargs
+    require_valid("env.kwargs", kwargs, isinstance(kwargs, dict),
+                  "a dict of keyword arguments of the env's constructor")
+    return dict(kwargs)
+
+
+def make_env(full: ConfigDict) -> Any:
+    """The training env of a merged config: envs_host.make or envs_jax.make of env.name with
+    env.kwargs. Keyword arguments the constructor refuses raise ValueError naming them."""
+    kwargs = env_kwargs(full)
+    made = envs_host.make if envs_host.known(full.env.name) else envs_jax.make
+    if not kwargs:
+        return made(full.env.name)
+    try:
+        return made(full.env.name, **kwargs)
+    except TypeError as error:
+        raise ValueError(f"config.env.kwargs = {kwargs!r} is invalid for env "
+                         f"{full.env.name!r} ({error}); valid: keyword arguments of its "
+                         "constructor") from None
 
 
 def host_env_settings(name: str) -> envs_jax.EnvSettings:
@@ -578,9 +613,11 @@ def eval_config(config: Any) -> EvalConfig:
     full = merged_config(config)
     envs = _names(full.eval.envs) or default_eval_envs(full.env.name)
     # A host env's run evaluates host envs (host_train.HostEvaluator), a JAX env's JAX envs.
-    same_kind = envs_host.names() if full.env.name in envs_host.names() else _jax_env_names()
+    host = envs_host.known(full.env.name)
+    same_kind = envs_host.names() + envs_host.namespaces() if host else _jax_env_names()
     for name in envs:
-        require_valid("eval.envs", full.eval.envs, name in same_kind,
+        require_valid("eval.envs", full.eval.envs,
+                      envs_host.known(name) if host else name in same_kind,
                  f"comma-separated names from {same_kind} ('' = the training env and its "
                  "out-of-distribution variants)")
     return EvalConfig(envs=envs, modes=_names(full.eval.modes),

@@ -143,7 +143,7 @@ def split_config(config: ConfigDict) -> tuple[ConfigDict, ConfigDict]:
                              "block; config.nothink = True; valid: False")
         run.rollout.world_model = True  # evaluations score the replies' blocks
     experiment.train_config(run)
-    if run.env.name in envs_host.names() and (not data or w):
+    if envs_host.known(run.env.name) and (not data or w):
         raise ValueError(f"config.env.name = {run.env.name!r} is a host env; valid for SFT: "
                          f"a JAX env, one of {envs_jax.names()}, or a host env with sft.data (a"
                          " JSONL file of its transcripts, demonstrations.host_demonstrate) and "
