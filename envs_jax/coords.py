@@ -128,15 +128,32 @@ def _spell(masks: jax.Array, max_entries: int, digits: int) -> jax.Array:
 _spell_many = jax.jit(jax.vmap(_spell, in_axes=(0, None, None)), static_argnums=(1, 2))
 
 
-def grid_slot(symbol_strings: tuple[str, ...], rows: int, cols: int) -> TextSlot:
-    """The grid as a slot "grid": the symbols and "\\n" between rows (`flat_grid`'s ids);
-    samples are uniformly random grids."""
+def grid_slot(symbol_strings: tuple[str, ...], rows: int, cols: int,
+              wide_cells: int | None = None) -> TextSlot:
+    """The grid as a slot "grid": the symbols and "\\n" between rows (`flat_grid`'s ids).
+    wide_cells: the most cells a board shows a symbol of more than one UTF-8 byte in (Sokoban's
+    box on a target "√": one per box), which bounds the slot's bytes (and so the tokens its
+    region reserves); None: any cell may. Samples are uniformly random grids within it."""
     newline = len(symbol_strings)
+    wide = [i for i, s in enumerate(symbol_strings) if len(s.encode("utf-8")) > 1]
+    narrow = [i for i in range(newline) if i not in wide]
+    bounded = wide_cells is not None and wide and narrow
 
     def sample(rng: np.random.Generator) -> np.ndarray:
-        return flat_grid(rng.integers(0, newline, (rows, cols)), newline, np)
+        if not bounded:
+            return flat_grid(rng.integers(0, newline, (rows, cols)), newline, np)
+        grid = rng.choice(narrow, rows * cols)
+        cells = rng.choice(rows * cols, rng.integers(0, wide_cells + 1), replace=False)
+        grid[cells] = rng.choice(wide, len(cells))
+        return flat_grid(grid.reshape(rows, cols), newline, np)
 
-    return TextSlot("grid", (*symbol_strings, "\n"), rows * (cols + 1) - 1, sample)
+    max_bytes = None
+    if bounded:
+        longest = max(len(symbol_strings[i].encode("utf-8")) for i in wide)
+        count = min(wide_cells, rows * cols)
+        max_bytes = (rows * cols - count) * max(len(symbol_strings[i].encode("utf-8"))
+                                                for i in narrow) + count * longest + rows - 1
+    return TextSlot("grid", (*symbol_strings, "\n"), rows * (cols + 1) - 1, sample, max_bytes)
 
 
 def flat_grid(grid: Any, newline: int, xp: Any = jnp) -> Any:
@@ -155,7 +172,8 @@ class CoordinateFormats:
     observation_format: str = "grid"
     coordinate_lines: CoordinateLines
 
-    def _setup_formats(self, observation_format: Any, lines: CoordinateLines) -> None:
+    def _setup_formats(self, observation_format: Any, lines: CoordinateLines,
+                       wide_cells: int | None = None) -> None:
         self.observation_format = check_format(observation_format)
         self.coordinate_lines = lines
         rows, cols = lines.shape
@@ -164,7 +182,7 @@ class CoordinateFormats:
         if self.observation_format == "coord":
             self.observation_parts = (head + first, slot, last)
         elif self.observation_format == "grid_coord":
-            grid = grid_slot(tuple(self.symbol_strings), rows, cols)
+            grid = grid_slot(tuple(self.symbol_strings), rows, cols, wide_cells)
             self.observation_parts = ("Coordinates: \n" + head + first, slot,
                                       last + "\nGrid Map: \n", grid)
 

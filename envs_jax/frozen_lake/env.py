@@ -128,7 +128,8 @@ class FrozenLake(CoordinateFormats, TextEnv[State, Observation]):
         # Start, goal and player: one cell each; holes: at most all other cells but the goal.
         self._setup_formats(observation_format, CoordinateLines(
             COORDINATE_LABELS, size, size, size * size + 2,
-            partial(_random_lakes, size=size), exclusive=((2, 3, 4),)))
+            partial(_random_lakes, size=size), exclusive=((2, 3, 4),)),
+            wide_cells=1)  # the player on the goal: "√" (3 bytes)
         super().__init__()
 
     def _describe(self) -> str:

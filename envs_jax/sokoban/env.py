@@ -128,7 +128,7 @@ class Sokoban(CoordinateFormats, TextEnv[State, Observation]):
         self._setup_formats(observation_format, CoordinateLines(
             c.COORDINATE_LABELS, rows, cols, 2 * num_boxes + 1,
             partial(_random_boards, rows=rows, cols=cols, num_boxes=num_boxes),
-            exclusive=((3, 4),)))
+            exclusive=((3, 4),)), wide_cells=num_boxes)  # a box on a target: "√" (3 bytes)
         super().__init__()
 
     def _describe(self) -> str:
