@@ -186,8 +186,10 @@ def test_sokoban_solver_is_optimal_and_solves():
             assert int(out.num_actions[b]) == optimal
 
 
-def _numpy_frozen_lake_q(tiles: np.ndarray, horizon: int) -> np.ndarray:
-    """Finite-horizon value iteration of the slippery 4-action MDP, in plain loops."""
+def _numpy_frozen_lake_q(tiles: np.ndarray, horizon: int, success_rate: float = 1 / 3,
+                         ) -> np.ndarray:
+    """Finite-horizon value iteration of the slippery 4-action MDP, in plain loops: the intended
+    direction with probability success_rate, each perpendicular one half of the rest."""
     size = tiles.shape[0]
     value = np.zeros((size, size))
     qs = []
@@ -201,7 +203,8 @@ def _numpy_frozen_lake_q(tiles: np.ndarray, horizon: int) -> np.ndarray:
                         r2, c2 = min(max(r + dr, 0), size - 1), min(max(c + dc, 0), size - 1)
                         t = tiles[r2, c2]
                         gain = 1.0 if t == fl.GOAL else (value[r2, c2] if t == fl.FROZEN else 0)
-                        q[r * size + c, a] += gain / 3
+                        chance = success_rate if slip == 0 else (1 - success_rate) / 2
+                        q[r * size + c, a] += gain * chance
         value = q.max(1).reshape(size, size)
         qs.append(q)
     return np.stack(qs)
@@ -266,6 +269,12 @@ def test_frozen_lake_solver_values_match_numpy_value_iteration():
     for b in range(3):
         np.testing.assert_allclose(qs[b], _numpy_frozen_lake_q(np.asarray(states.tiles[b]), 10),
                                    atol=1e-5)
+    for rate in (0.8, 1.0):  # RAGEN's CoordFrozenLake slips 1 in 5; 1.0 never slips
+        lake = envs_jax.make("frozen_lake", success_rate=rate)
+        qs = jax.jit(jax.vmap(lambda t: frozen_lake_values(lake, t, 10)))(states.tiles)
+        for b in range(3):
+            np.testing.assert_allclose(
+                qs[b], _numpy_frozen_lake_q(np.asarray(states.tiles[b]), 10, rate), atol=1e-5)
     solver, _ = _demos("frozen_lake", "nothink", "solver", key=4, groups=32, group_size=1)
     random, _ = _demos("frozen_lake", "nothink", "random", key=4, groups=32, group_size=1)
     assert solver.success.mean() > random.success.mean()

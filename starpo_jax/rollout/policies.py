@@ -206,7 +206,8 @@ def sokoban_solver(env: Sokoban, max_actions_per_turn: int) -> Policy:
 def frozen_lake_values(env: FrozenLake, tiles: jax.Array, horizon: int) -> jax.Array:
     """Q[h, cell, action]: the best probability of reaching the goal with h + 1 actions left,
     taking `action` first, from each cell of a map (tiles [S, S] int32), under the env's slip
-    (each of the intended and the two perpendicular directions 1/3 when slippery). [H, S*S, 4]
+    (when slippery: the intended direction with probability env.success_rate, each
+    perpendicular one (1 - success_rate) / 2; gymnasium's default 1/3 each). [H, S*S, 4]
     float32, H = horizon."""
     size = env.size
     cells = jnp.arange(size * size)
@@ -214,6 +215,8 @@ def frozen_lake_values(env: FrozenLake, tiles: jax.Array, horizon: int) -> jax.A
     moves = jnp.asarray(fl.MOVES, jnp.int32)
     flat = tiles.reshape(-1)
     slips = (-1, 0, 1) if env.slippery else (0,)
+    p = float(env.success_rate) if env.slippery else 1.0
+    weights = jnp.asarray([(1 - p) / 2, p, (1 - p) / 2] if env.slippery else [1.0], jnp.float32)
 
     def lands(action):  # [S*S, len(slips)] the cell each slip lands on
         d = (action + jnp.asarray(slips)) % 4
@@ -226,7 +229,7 @@ def frozen_lake_values(env: FrozenLake, tiles: jax.Array, horizon: int) -> jax.A
 
     def backup(value, _):  # value [S*S]: best with h actions left, from a frozen cell
         after = goal[landing] + alive[landing] * value[landing]  # [4, S*S, k]
-        q = after.mean(-1).T  # [S*S, 4]
+        q = (after * weights).sum(-1).T  # [S*S, 4]
         return jnp.max(q, axis=1), q
 
     _, qs = jax.lax.scan(backup, jnp.zeros(size * size, jnp.float32), None, length=horizon)
