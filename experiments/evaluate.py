@@ -3,6 +3,7 @@
     python experiments/evaluate.py --workdir runs/bandit
     python experiments/evaluate.py --workdir runs/sokoban --step 20 \
         --config.eval.episodes=64 --config.eval.envs=sokoban,sokoban_large
+    python experiments/evaluate.py --workdir runs/sokoban --policy random   # or solver
 
 The run's config.json gives the model, env, prompt, rollout settings and seed (hence the same
 held-out initial states as the run's own evaluations); `--config.eval.<key>=value` overrides
@@ -11,6 +12,9 @@ its eval section (keys: starpo_jax.api.default_config), nothing else
 (or `--step`), prints a table, and writes in the workdir eval_step_<N>.json
 ({"step", "eval": the eval settings, "metrics": {"val/<env>/<mode>/<name>": value}}) and
 samples/eval_step_<N>.txt (conversations of the first eval.samples initial states).
+`--policy random|solver` plays that scripted policy on the same held-out states instead (no
+checkpoint read; the rows beside a run's: loop.evaluate_policy_workdir), writing
+eval_policy_<name>.json.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ def _define_flags() -> None:
         "--config.eval.<key>=...")
     flags.DEFINE_string("workdir", None, "The run's workdir (experiments/run.py --workdir).")
     flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the newest).")
+    flags.DEFINE_string("policy", None, "Evaluate this scripted policy (random, solver) on the "
+                        "run's held-out states instead of a checkpoint.")
 
 
 _PARSED: list[str] | None = None  # the arguments left by cli.parse_first, run as a script
@@ -72,6 +78,8 @@ def _help() -> str:
          "--config.eval.episodes=64"],
         [("--workdir DIR", "the run's workdir (run.py's or sft.py's; required)"),
          ("--step N", "the checkpoint to evaluate (default: the newest)"),
+         ("--policy NAME", "instead: a scripted policy (random, solver) on the same states, "
+                           "-> eval_policy_<NAME>.json"),
          ("--config.eval.KEY=VALUE", "change an eval setting (only eval.* keys; below)"),
          ("--help, --helpshort", "this page")],
         keys=list(EVAL_KEYS), keys_title="eval keys (--config.eval.KEY=VALUE; unset: the "
@@ -103,6 +111,12 @@ def _main(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    if flags.FLAGS.policy:
+        if flags.FLAGS.step is not None:
+            raise app.UsageError("--step and --policy do not go together: a policy has no "
+                                 "checkpoint")
+        runner.evaluate_policy_workdir(Path(flags.FLAGS.workdir), flags.FLAGS.policy, overrides)
+        return
     runner.evaluate_workdir(Path(flags.FLAGS.workdir), flags.FLAGS.step, overrides)
 
 

@@ -82,6 +82,16 @@ def test_sampling_depends_on_the_sample_key_only():
     assert not np.array_equal(tokens(other), tokens(first))
 
 
+def test_the_first_states_alone_are_the_whole_evaluations_first_rows():
+    """evaluate(states=n) (a samples-only step) rolls out the first n held-out states only, and
+    each row as the whole evaluation does (per-row keys): its tokens are the first n * K rows."""
+    exp, evaluator, first = evaluated("sampled")
+    part = evaluator.evaluate(exp.state.actor, states=2)
+    tokens = lambda r: np.asarray(r.rollouts["bandit_test", "sampled"].tokens)  # noqa: E731
+    assert tokens(part).shape[0] == 2 * K
+    np.testing.assert_array_equal(tokens(part), tokens(first)[: 2 * K])
+
+
 def _training_reset_keys(run_key, steps: int, groups: int) -> set[tuple[int, ...]]:
     """The env.reset keys of training iterations 0..steps-1 (train/step.py, then jax_env.py)."""
     keys = set()
@@ -279,6 +289,7 @@ def test_run_evaluates_every_k_steps_and_at_the_end_and_writes_samples(tmp_path)
         f"step_{s:06d}.txt" for s in (0, 1, 2, 3)]
     text = (tmp_path / "samples" / "step_000001.txt").read_text()
     assert text.startswith("##### bandit / greedy") and text.count("=== row ") == 1
+    assert "val/bandit/greedy/success" not in rows[1], "a samples-only step logs no evaluation"
 
 
 def test_evaluate_command_restores_a_checkpoint_prints_and_writes(tmp_path, capsys):
@@ -316,3 +327,44 @@ def test_evaluate_command_line_names_mistakes(tmp_path):
                                "--workdir", str(tmp_path), *args],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 1 and message in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.slow  # ~2-5 min: two scripted policies compiled on FrozenLake
+def test_evaluate_a_scripted_policy_on_a_runs_held_out_states(tmp_path):
+    """evaluate.py --policy: the solver wins every non-slippery lake the random policy mostly
+    loses, on the run's own held-out states, without a checkpoint; bad input names itself."""
+    from starpo_jax.run import loop as runner
+    from helpers.tiny import tiny_config
+
+    config = tiny_config()
+    config.env.name = "frozen_lake"
+    config.env.kwargs = {"success_rate": 1.0}  # not slippery: the solver's path always works
+    config.rollout.update(max_turns=None, max_actions_per_turn=None, max_actions_per_traj=None,
+                          reply_tokens=24)  # room for the scripted replies
+    config.eval.update(episodes=32, modes="greedy,sampled")
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    solver = runner.evaluate_policy_workdir(tmp_path, "solver")
+    random = runner.evaluate_policy_workdir(tmp_path, "random")
+    assert solver["val/frozen_lake/greedy/success"] == 1.0
+    assert solver["val/frozen_lake/sampled/success"] == 1.0  # a script has no temperature
+    assert random["val/frozen_lake/greedy/success"] < 0.5
+    written = json.loads((tmp_path / "eval_policy_random.json").read_text())
+    assert written["policy"] == "random" and written["metrics"] == random
+    assert written["eval"]["episodes"] == 32
+    assert not (tmp_path / "checkpoints").exists()
+    with pytest.raises(ValueError, match=r"--policy 'oracle' is invalid; valid: one of"):
+        runner.evaluate_policy_workdir(tmp_path, "oracle")
+
+
+def test_metric_keys_spell_a_url_env_without_slashes():
+    """val/<env>/<mode>/<metric> splits on "/": a server's URL is spelt without its scheme and
+    with "_" for its other slashes; other names are kept as they are."""
+    from starpo_jax.run.evaluation import metric_env, summary_table
+
+    assert metric_env("openenv:http://127.0.0.1:8000") == "openenv:127.0.0.1:8000"
+    assert metric_env("openenv:https://host/a/b") == "openenv:host_a_b"
+    assert metric_env("textarena:Wordle-v0") == "textarena:Wordle-v0"
+    key = f"val/{metric_env('openenv:http://h:1/x')}/greedy/success"
+    assert key.split("/") == ["val", "openenv:h:1_x", "greedy", "success"]
+    assert summary_table({key: 0.5}).splitlines()[1].split()[:3] == ["openenv:h:1_x", "greedy",
+                                                                    "0.500"]

@@ -142,14 +142,18 @@ class EvaluatorBase:
     sample_key: jax.Array
     group_sizes: dict[str, int]
 
-    def _run(self, name: str, mode: str, params: nnx.State,
-             sample_key: jax.Array) -> tuple[dict[str, jax.Array], Rollout]:
-        """(eval_metrics of the rollouts, the rollouts) of env `name` in `mode`."""
+    def _run(self, name: str, mode: str, params: nnx.State, sample_key: jax.Array,
+             states: int | None = None) -> tuple[dict[str, jax.Array], Rollout]:
+        """(eval_metrics of the rollouts, the rollouts) of env `name` in `mode`, on the first
+        `states` held-out initial states (None: all config.episodes; an evaluator may roll out
+        more than asked)."""
         raise NotImplementedError
 
     def evaluate(self, params: nnx.State, sample_key: jax.Array | None = None,
-                 envs: tuple[str, ...] | None = None) -> EvalResult:
-        """Runs every mode on `envs` (default: all of config.envs) with the policy `params`."""
+                 envs: tuple[str, ...] | None = None, states: int | None = None) -> EvalResult:
+        """Runs every mode on `envs` (default: all of config.envs) with the policy `params`;
+        `states`: only the first that many held-out initial states (for samples: its metrics
+        are then not the evaluation's)."""
         sample_key = self.sample_key if sample_key is None else sample_key
         envs = self.config.envs if envs is None else envs
         unknown = [name for name in envs if name not in self.config.envs]
@@ -161,10 +165,10 @@ class EvaluatorBase:
         with announce.phase(f"evaluating {self.config.episodes} held-out episodes", f" on "
                             f"{', '.join(envs)} ({', '.join(self.config.modes)})"):
             for k, (name, mode) in enumerate(pairs, 1):
-                values, out = self._run(name, mode, params, sample_key)
+                values, out = self._run(name, mode, params, sample_key, states)
                 rollouts[name, mode] = out
                 for metric, value in jax.device_get(values).items():
-                    metrics[f"val/{name}/{mode}/{metric}"] = float(value)
+                    metrics[f"val/{metric_env(name)}/{mode}/{metric}"] = float(value)
                 elapsed = time.perf_counter() - start
                 if elapsed >= announce.SLOW_SECONDS and k < len(pairs):  # a long one: progress
                     announce.say(f"  evaluating: {name} {mode} done ({k}/{len(pairs)}) at "
@@ -221,11 +225,12 @@ class Evaluator(EvaluatorBase):
         """[episodes, 2] uint32: the keys env.reset draws the held-out initial states from."""
         return jax.random.split(self.reset_key, self.config.episodes)
 
-    def _run(self, name, mode, params, sample_key):
+    def _run(self, name, mode, params, sample_key, states=None):
         k = self.group_sizes[mode]
-        out = chunked(self._programs[name, mode], params, self.reset_keys,
-                      row_sample_keys(sample_key, self.config.episodes * k),
-                      self.chunk_states[mode], k, f"{name} {mode}")
+        n = self.config.episodes if states is None else max(1, min(states, self.config.episodes))
+        out = chunked(self._programs[name, mode], params, self.reset_keys[:n],
+                      row_sample_keys(sample_key, n * k), self.chunk_states[mode], k,
+                      f"{name} {mode}")
         return _metrics(out, k), out
 
 
@@ -258,6 +263,7 @@ def chunked(program: Callable, params: nnx.State, reset_keys: jax.Array, sample_
             sample = jnp.concatenate([sample, jnp.tile(sample[:k], (states - n, 1))])
         out = program(params, reset, sample)
         pieces.append(out if n == states else jax.tree.map(lambda x, n=n: x[:n * k], out))
+        jax.block_until_ready(pieces[-1])  # the progress line's time is the work's, not dispatch's
         elapsed = time.perf_counter() - began
         if elapsed >= announce.SLOW_SECONDS and start + n < total:
             announce.say(f"  evaluating {what}: {start + n}/{total} initial states at "
@@ -321,6 +327,16 @@ def format_conversation(tokenizer: Any, out: Rollout, row: int) -> str:
                     f"  [turn {k + 1}: reward {float(rewards[k]):g}, format {ok}"
                     f"{f', penalty {float(penalties[k]):g}' if penalties[k] else ''}]\n")
     return "\n".join(lines) + "\n" + "".join(text) + "\n"
+
+
+def metric_env(name: str) -> str:
+    """An env's name as its metric keys spell it (val/<env>/<mode>/<metric>): without "/", which
+    separates the key's parts. A URL's scheme is dropped and its other "/" become "_":
+    "openenv:http://127.0.0.1:8000/x" -> "openenv:127.0.0.1:8000_x"."""
+    prefix, sep, rest = name.rpartition("://")
+    if sep:
+        name = prefix.rpartition(":")[0] + ":" + rest if ":" in prefix else rest
+    return name.replace("/", "_")
 
 
 def summary_table(metrics: Mapping[str, float]) -> str:

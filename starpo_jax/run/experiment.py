@@ -435,7 +435,7 @@ def policy_baseline(exp: Experiment, policy: str) -> dict[str, float]:
     play (no solver for a two-box Sokoban) are left out. For reference rows next to a policy's
     evaluation (the random policy, the solver)."""
     from starpo_jax.rollout.demonstrations import build_reply_encoder, demonstrate
-    from starpo_jax.run.evaluation import eval_metrics, heldout_keys
+    from starpo_jax.run.evaluation import eval_metrics, heldout_keys, metric_env
     config = eval_config(exp.config)
     reset_key, sample_key = heldout_keys(eval_run_key(exp, config))
     shape = dataclasses.replace(exp.train.rollout, groups=config.episodes, group_size=1)
@@ -451,6 +451,6 @@ def policy_baseline(exp: Experiment, policy: str) -> dict[str, float]:
             env, codec, shape, play, encoder, k, eos_id=exp.tokenizer.eos_token_id,
             pad_id=exp.tokenizer.pad_token_id, reset_key=rk))(sample_key, reset_key)
         values = jax.device_get(eval_metrics(out, 1))
-        metrics.update({f"val/{name}/{mode}/{k}": float(v) for mode in config.modes
+        metrics.update({f"val/{metric_env(name)}/{mode}/{k}": float(v) for mode in config.modes
                         for k, v in values.items()})
     return metrics

@@ -103,7 +103,7 @@ class HostEvaluator(EvaluatorBase):
         self.group_sizes = {m: s.group_size for m, s in self.settings.items()}
         self._pools: dict[tuple[str, str], EnvPool] = {}
 
-    def _run(self, name, mode, params, sample_key):
+    def _run(self, name, mode, params, sample_key, states=None):  # always every held-out state
         factory, text = self.envs[name]
         settings = self.settings[mode]
         pool = self._pools.get((name, mode))

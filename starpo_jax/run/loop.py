@@ -341,15 +341,20 @@ def evaluate(evaluator: Evaluator, exp: experiment.Experiment, workdir: Path) ->
     """After a step: the val/ metrics when an evaluation is due (every eval_every steps and the
     last step; at step 0, before training: train's evaluates_step_0), and samples/step_<N>.txt
     when sample_every is, from the same eval rollouts (at a step with no evaluation due, only
-    the first eval env is rolled out, and nothing logged)."""
+    the first eval env's first eval.samples initial states are rolled out, and nothing
+    logged)."""
     c, step = exp.config, exp.steps_done
     due_eval = c.eval_every > 0 and (step % c.eval_every == 0 or step == c.steps)
-    due_samples = c.sample_every > 0 and step % c.sample_every == 0
+    due_samples = (c.sample_every > 0 and step % c.sample_every == 0
+                   and evaluator.config.samples > 0)
     if not (due_eval or due_samples):
         return {}
     start = time.perf_counter()
-    envs = None if due_eval else evaluator.config.envs[:1]
-    result = evaluator.evaluate(exp.state.actor, envs=envs)
+    if due_eval:
+        result = evaluator.evaluate(exp.state.actor)
+    else:  # samples only: the conversations shown, not a whole evaluation's rollouts
+        result = evaluator.evaluate(exp.state.actor, envs=evaluator.config.envs[:1],
+                                    states=evaluator.config.samples)
     if due_samples and jax.process_index() == 0:
         path = workdir / "samples" / f"step_{step:06d}.txt"
         path.parent.mkdir(exist_ok=True)
@@ -456,6 +461,30 @@ def evaluate_workdir(workdir: Path, step: int | None = None,
     finally:
         checkpoints.close()
     return evaluate_experiment(experiment.build(config), workdir, step)
+
+
+def evaluate_policy_workdir(workdir: Path, policy: str,
+                            overrides: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """A scripted policy (rollout.policies.POLICY_NAMES: "random", "solver") evaluated on the
+    held-out states of the run in `workdir` (the same states as its own evaluations: no
+    checkpoint is read), as experiment.policy_baseline. Prints the table and writes
+    eval_policy_<policy>.json. Envs the policy cannot play are left out."""
+    config = evaluated_config(workdir, overrides or {})
+    from starpo_jax.rollout.policies import POLICY_NAMES
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"--policy {policy!r} is invalid; valid: one of {POLICY_NAMES}")
+    exp = experiment.build(config)
+    evaluation = experiment.eval_config(exp.config)
+    episodes = evaluation.episodes
+    with announce.phase(f"playing the {policy} policy on {episodes} held-out initial states"):
+        metrics = experiment.policy_baseline(exp, policy)
+    if not metrics:
+        raise ValueError(f"--policy {policy!r}: it plays none of this run's eval envs")
+    print(f"{workdir}, the {policy} policy: {episodes} held-out initial states per env\n"
+          f"{summary_table(metrics)}", flush=True)
+    out = {"policy": policy, "eval": dataclasses.asdict(evaluation), "metrics": metrics}
+    (workdir / f"eval_policy_{policy}.json").write_text(json.dumps(out, indent=2) + "\n")
+    return metrics
 
 
 def evaluate_experiment(exp: experiment.Experiment, workdir: Path, step: int | None = None,

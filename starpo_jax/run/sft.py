@@ -164,9 +164,9 @@ class SftEvaluator:
         return self.inner.config
 
     def evaluate(self, params: nnx.State, sample_key: jax.Array | None = None,
-                 envs: tuple[str, ...] | None = None) -> EvalResult:
-        result = self.inner.evaluate(params, sample_key, envs)
-        if envs is None and self.loss is not None:
+                 envs: tuple[str, ...] | None = None, states: int | None = None) -> EvalResult:
+        result = self.inner.evaluate(params, sample_key, envs, states)
+        if envs is None and states is None and self.loss is not None:
             result.metrics["val/sft/heldout/loss"] = float(self.loss(params))
         return result
 
