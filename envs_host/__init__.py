@@ -11,7 +11,9 @@ from envs_host.registry import (factory, known, make, names, namespaces, registe
 
 # Importing an adapter registers its names (its library is imported only by an instance).
 import envs_host.reasoning_gym_env  # noqa: E402, F401
+import envs_host.textarena_env  # noqa: E402, F401
 import envs_host.webshop  # noqa: E402, F401
+import envs_host.openenv_client  # noqa: E402, F401
 
 __all__ = ["EnvPool", "EnvSettings", "Failure", "HostEnv", "HostEnvError", "PoolConfig",
            "factory", "known", "make", "names", "namespaces", "register",

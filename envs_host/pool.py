@@ -12,7 +12,10 @@ A call that raises, or runs longer than `timeout` seconds, fails its row: the fa
 recorded with the env's name, the row and its seed, and the instance is discarded (a new one
 is built from the factory when the row is next used). Results that break the protocol (a
 non-string observation, a reward that is not finite, an info without "success") are the env's
-bug, not bad luck: they raise HostEnvError naming the env, seed and value.
+bug, not bad luck: they raise HostEnvError naming the env, seed and value, and so does an env
+whose own call (or constructor) raises HostEnvError: it says the run cannot go on (e.g. its
+server is unreachable; envs_host.openenv_client). After a rollout, `end_episodes()` calls the
+instances' `end_episode()`, where their class defines one (a session on a server released).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, NamedTuple
 
-from envs_host.base import HostEnv, check_observation, check_step
+from envs_host.base import HostEnv, HostEnvError, check_observation, check_step
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,7 +69,7 @@ class Failure(NamedTuple):
                 " instance replaced, the row ends with reward 0")
 
 
-_OK, _ERROR, _TIMEOUT = "ok", "error", "timeout"
+_OK, _ERROR, _TIMEOUT, _BROKEN = "ok", "error", "timeout", "broken"
 
 
 def _describe(error: BaseException) -> str:
@@ -117,7 +120,7 @@ def _serve(conn: Any, factory: Callable[[], HostEnv]) -> None:
         env = factory()
         conn.send((_OK, None))
     except Exception as error:  # noqa: BLE001  (sent to the parent as the row's failure)
-        conn.send((_ERROR, _describe(error)))
+        conn.send(_failed(error))
         return
     while True:
         try:
@@ -130,7 +133,13 @@ def _serve(conn: Any, factory: Callable[[], HostEnv]) -> None:
         try:
             conn.send((_OK, getattr(env, method)(*args)))
         except Exception as error:  # noqa: BLE001  (sent to the parent as the row's failure)
-            conn.send((_ERROR, _describe(error)))
+            conn.send(_failed(error))
+
+
+def _failed(error: Exception) -> tuple[str, str]:
+    """A process's answer for a call that raised: the run stops on a HostEnvError."""
+    return (_BROKEN, str(error)) if isinstance(error, HostEnvError) \
+        else (_ERROR, _describe(error))
 
 
 class EnvPool:
@@ -175,6 +184,8 @@ class EnvPool:
             for row, future in list(pending.items()):
                 if future.done():
                     error = future.exception()
+                    if isinstance(error, HostEnvError):
+                        raise error  # the env says the run cannot go on
                     results[row] = (_OK, future.result()) if error is None \
                         else (_ERROR, _describe(error))
                 elif future.started is not None and now - future.started >= timeout:
@@ -240,6 +251,8 @@ class EnvPool:
                 results[row] = (_ERROR, f"killed its process (exit code {process.exitcode})")
             if results[row][0] != _OK:
                 self._kill(row)
+            if results[row][0] == _BROKEN:
+                raise HostEnvError(results[row][1])  # the env says the run cannot go on
         return results
 
     def _call_processes(self, calls):
@@ -291,6 +304,16 @@ class EnvPool:
                 self._fail(row, f"step({actions[row]!r:.80})", outcome)
                 out[row] = None
         return out
+
+    def end_episodes(self) -> None:
+        """Calls end_episode() on each live instance, if their class defines it (after a
+        rollout: the rows' episodes are over). Failures are ignored; nothing is built."""
+        made = getattr(self._factory, "func", self._factory)
+        if not hasattr(made, "end_episode"):
+            return
+        live = self._procs if self.config.processes else self._envs
+        calls = {row: ("end_episode", ()) for row, held in enumerate(live) if held is not None}
+        (self._call_processes if self.config.processes else self._call_threads)(calls)
 
     def close(self) -> None:
         """Closes every instance and stops the workers (hung threads are left to exit)."""

@@ -18,6 +18,7 @@ import pytest
 HEAVY_FIRST = ("test_sft.py", "test_context_window.py", "test_first_hour.py",
                "test_notebooks.py", "test_demonstrations_text.py", "test_text_free.py",
                "test_sweep.py", "test_shared_prefix.py", "test_faults.py", "test_evaluation.py",
+               "test_openenv.py",
                "test_faithful.py", "test_filtering.py", "test_credit.py", "test_run.py",
                "test_gradient_analysis.py", "test_ragen2_switches.py",
                "test_host_rollout.py", "test_gguf.py", "test_text_env_states.py", "test_train.py",

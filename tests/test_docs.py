@@ -134,8 +134,13 @@ def table_keys(text: str) -> set[str]:
 
 
 def flat_keys(config, prefix: str = "") -> set[str]:
+    """Leaf keys, dotted; a section of the user's keys (schema.FREE_FORM, e.g. env.kwargs) is
+    one key."""
+    from starpo_jax.run.schema import FREE_FORM
+
     return {key for name, value in config.items()
-            for key in (flat_keys(value, f"{prefix}{name}.") if hasattr(value, "keys")
+            for key in (flat_keys(value, f"{prefix}{name}.")
+                        if hasattr(value, "keys") and prefix + name not in FREE_FORM
                         else {prefix + name})}
 
 

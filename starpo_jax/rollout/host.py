@@ -321,6 +321,7 @@ def host_rollout(graphdef: nnx.GraphDef, params: nnx.State, pool: EnvPool, text:
             graphdef, params, gen.cache, jnp.asarray(ids), jnp.asarray(counts), prefix_arr,
             turn_key, token_bytes, options=options)
 
+    pool.end_episodes()  # envs holding a server session release it (envs_host.pool)
     for failure in pool.failures:
         log.warning("%s", failure)
     if truncated:
